@@ -1,0 +1,32 @@
+# The two commands: `make serve` (server on the built-in default model) and `make test`.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8080
+ARGS ?=
+PYTEST_ARGS ?=
+# Preloads OpenBLAS on a Linux CPU (see engine/device.py).
+RUN := ./scripts/with-blas
+
+.PHONY: setup serve test test-slow test-all bench bench-server lint clean
+
+setup:
+	./scripts/setup.sh
+
+serve: setup
+	$(VENV)/bin/mlxcel-server --host $(HOST) --port $(PORT) $(ARGS)
+
+test: setup
+	$(RUN) $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-slow: setup
+	$(RUN) $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+test-all: setup
+	$(RUN) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: setup
+	$(RUN) $(PY) scripts/bench_generate.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,78 @@
+"""Every device-dependent choice lives here: which dtype weights run in, and which BLAS the
+CPU build uses.
+
+Measured on an x86-64 CPU with MLX's Linux wheel (SmolLM2-135M): quantized, f16 and bf16 weights
+all decode slower than f32, and MLX's bundled reference BLAS makes f32 prefill ~20x slower than
+OpenBLAS. So on the CPU we dequantize to float32 and preload OpenBLAS; on Metal and CUDA the
+weights stay as shipped (quantized kernels are the fast path there) and nothing is preloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+
+# Debian's libopenblas0-pthread; the first that exists is used.
+OPENBLAS_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/libopenblas.so.0",
+)
+_PRELOAD_MARK = "MLXCEL_BLAS_PRELOADED"
+
+
+def on_gpu() -> bool:
+    """True when MLX's default device is a GPU (Metal or CUDA)."""
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
+def keep_quantized_weights() -> bool:
+    """Whether quantized checkpoints keep their quantized weights.
+
+    ``MLXCEL_WEIGHTS=quantized|float32`` overrides the per-device choice."""
+    forced = os.environ.get("MLXCEL_WEIGHTS", "").lower()
+    if forced in ("quantized", "q", "keep"):
+        return True
+    if forced in ("float32", "f32", "dequantize"):
+        return False
+    return on_gpu()
+
+
+def compute_dtype() -> mx.Dtype:
+    """The dtype float weights are cast to at load time.
+
+    GPUs keep the checkpoint's half precision; the CPU runs float32 (f16/bf16 matmuls are
+    slower than f32 there)."""
+    forced = os.environ.get("MLXCEL_DTYPE", "").lower()
+    if forced:
+        return {"float32": mx.float32, "f32": mx.float32, "float16": mx.float16, "f16": mx.float16,
+                "bfloat16": mx.bfloat16, "bf16": mx.bfloat16}[forced]
+    return mx.float16 if on_gpu() else mx.float32
+
+
+def openblas_library() -> str | None:
+    for candidate in OPENBLAS_CANDIDATES:
+        if Path(candidate).exists():
+            return candidate
+    return None
+
+
+def reexec_with_fast_blas() -> None:
+    """On a Linux CPU, re-execute this process with OpenBLAS preloaded (MLX then resolves its
+    BLAS symbols there instead of the bundled reference BLAS). A no-op on macOS, when the
+    library is absent, when already done, or when ``MLXCEL_BLAS_PRELOAD=0``."""
+    if not sys.platform.startswith("linux") or os.environ.get(_PRELOAD_MARK):
+        return
+    if os.environ.get("MLXCEL_BLAS_PRELOAD", "1").lower() in ("0", "false", "no", "off"):
+        return
+    lib = openblas_library()
+    if lib is None or lib in os.environ.get("LD_PRELOAD", ""):
+        return
+    env = dict(os.environ)
+    env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
+    env[_PRELOAD_MARK] = "1"
+    argv = [sys.executable, *sys.orig_argv[1:]] if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]
+    os.execve(sys.executable, argv, env)
