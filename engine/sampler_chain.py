@@ -1,68 +1,185 @@
 """The sampler chain: logits -> the target's effective next-token distribution p.
 
-PLACEHOLDER (being completed): bias -> penalties -> top-k/top-p/min-p -> temperature.
-The public surface below is the contract the rest of the engine uses.
+One function path, in this order (llama-server's default sampler order):
+
+1. token bias (``logit_bias``; ``ignore_eos`` bans every EOS id),
+2. penalties over the row's history: repeat / presence / frequency (``penalties.py``), then DRY
+   (``dry.py``),
+3. truncation on the *untempered* distribution: top-k, typical-p, top-p, min-p
+   (``sampler_filters.py``),
+4. XTC on the renormalised filtered row (``xtc.py``),
+5. temperature last: ``softmax(logits / T)`` over the surviving tokens.
+
+Steps 1-2 give ``adjusted_logits``; greedy decoding (temperature <= 0 or top_k == 1) is their
+argmax and never builds a distribution or draws a key. Row ``i`` of a block is the sequence
+``history + appended[:i]``, which is how a verify round evaluates drafted positions, and every
+random choice for row ``i`` is keyed by its absolute position ``first_position + i`` (the draw
+with stream 0, the XTC coin with stream 3), so a position gets the same p and the same token
+whether it is decoded alone or inside a block.
+
+Disabled stages cost nothing; the defaults run bias-free top-k 40 -> top-p -> min-p ->
+temperature on ``[N, 40]`` candidates, one scatter back to ``[N, V]``, and no host sync.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .dry import DryBreakers, apply_dry, breakers_from_strings, dry_enabled
+from .penalties import apply_penalties, penalties_enabled, token_counts
 from .random_keys import position_key
+from .sampler_filters import NEG_INF, Candidates, min_p_filter, top_candidates, top_p_filter, typical_filter
 from .sampling_params import SamplerParams
+from .xtc import xtc_coins, xtc_enabled, xtc_filter
+
+
+@dataclass
+class TokenProbs:
+    """What ``n_probs`` reports for one position: the chosen token's probability and the
+    ``n`` most likely tokens (most likely first, ties by lower id)."""
+
+    token: int
+    prob: float
+    top: list[tuple[int, float]]
 
 
 class SamplerChain:
     """Builds p for one request. Row ``i`` of a block of logits sees the history
     ``history + appended[:i]`` (the sequence as it would be had the earlier rows' tokens been
-    emitted), which is how a verify round evaluates drafted positions."""
+    emitted), which is how a verify round evaluates drafted positions.
 
-    def __init__(self, params: SamplerParams, *, vocab_size: int, eos_token_ids=(), tokenizer=None):
+    ``dry_breakers`` overrides the token-level DRY sequence breakers; by default they are
+    derived from ``params.dry_sequence_breakers`` through ``tokenizer`` (none without one)."""
+
+    def __init__(self, params: SamplerParams, *, vocab_size: int, eos_token_ids=(), tokenizer=None,
+                 dry_breakers: DryBreakers | None = None):
         self.params = params
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(eos_token_ids)
         self.tokenizer = tokenizer
+        p = params
+        bias = {int(t): float(b) for t, b in p.logit_bias.items() if 0 <= int(t) < vocab_size}
+        if p.ignore_eos:
+            for t in self.eos_token_ids:
+                if 0 <= t < vocab_size:
+                    bias[t] = NEG_INF
+        self._bias = None
+        if bias:
+            self._bias = (mx.array(list(bias.keys()), dtype=mx.int32), mx.array(list(bias.values()), dtype=mx.float32))
+        self._penalties = penalties_enabled(p.repeat_last_n, p.repeat_penalty, p.presence_penalty, p.frequency_penalty)
+        self._dry = dry_enabled(p.dry_multiplier, p.dry_base, p.dry_penalty_last_n)
+        self._dry_breakers = dry_breakers
+        if self._dry and dry_breakers is None:
+            self._dry_breakers = (breakers_from_strings(tokenizer, p.dry_sequence_breakers, vocab_size)
+                                  if tokenizer is not None else DryBreakers())
+        self._min_keep = max(int(p.min_keep), 1)
 
     @property
     def greedy(self) -> bool:
         return self.params.greedy
 
+    # -- steps 1-2 ---------------------------------------------------------------------------
+
     def adjusted_logits(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = ()) -> mx.array:
-        """Logits after token bias and penalties, shape ``[N, V]`` float32."""
-        logits = logits.astype(mx.float32)
-        bias = dict(self.params.logit_bias)
-        if self.params.ignore_eos:
-            for t in self.eos_token_ids:
-                bias[t] = float("-inf")
-        if bias:
-            ids = mx.array(list(bias.keys()))
-            vals = mx.array(list(bias.values()), dtype=mx.float32)
-            logits = logits.at[:, ids].add(vals)
-        return logits
+        """Logits after token bias, penalties and DRY, shape ``[N, V]`` float32."""
+        p = self.params
+        x = logits.astype(mx.float32)
+        if x.ndim == 1:
+            x = x[None]
+        rows = x.shape[0]
+        if self._bias is not None:
+            ids, vals = self._bias
+            x = x.at[:, ids].add(vals)
+        if self._penalties:
+            counts = token_counts(history, appended, rows, x.shape[-1], p.repeat_last_n)
+            x = apply_penalties(x, counts, p.repeat_penalty, p.presence_penalty, p.frequency_penalty)
+        if self._dry:
+            x = apply_dry(x, history, appended, self._dry_breakers, p.dry_multiplier, p.dry_base,
+                          p.dry_allowed_length, p.dry_penalty_last_n)
+        return x
+
+    # -- steps 3-5 ---------------------------------------------------------------------------
+
+    def filtered(self, adjusted: mx.array, seed: int = 0, first_position: int = 0) -> Candidates:
+        """The candidates surviving top-k, typical-p, top-p, min-p and XTC (untempered)."""
+        p = self.params
+        c = top_candidates(adjusted, p.top_k)
+        if p.typical_p < 1.0:
+            c.alive = typical_filter(c, p.typical_p, self._min_keep)
+        if p.top_p < 1.0:
+            c.alive = top_p_filter(c, p.top_p, self._min_keep)
+        if p.min_p > 0.0:
+            c.alive = min_p_filter(c, p.min_p, self._min_keep)
+        if xtc_enabled(p.xtc_probability, p.xtc_threshold):
+            coins = xtc_coins(seed, first_position, adjusted.shape[0])
+            c.alive = xtc_filter(c, p.xtc_probability, p.xtc_threshold, self._min_keep, coins)
+        return c
 
     def distribution(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
                      seed: int = 0, first_position: int = 0) -> mx.array:
-        """The effective distribution p, shape ``[N, V]`` float32 (rows sum to 1)."""
-        p = self.params
+        """The effective distribution p, shape ``[N, V]`` float32 (rows sum to 1). Under greedy
+        params this is the one-hot of ``select``'s argmax."""
         x = self.adjusted_logits(logits, history, appended)
-        if p.top_k > 0 and p.top_k < x.shape[-1]:
-            kth = mx.sort(x, axis=-1)[:, -p.top_k][:, None]
-            x = mx.where(x < kth, float("-inf"), x)
-        x = x / max(p.temperature, 1e-6)
-        return mx.softmax(x, axis=-1)
+        if self.greedy:
+            return (mx.arange(x.shape[-1]) == x.argmax(axis=-1, keepdims=True)).astype(mx.float32)
+        c = self.filtered(x, seed, first_position)
+        tempered = mx.where(c.alive, c.values / self.params.temperature, NEG_INF)
+        probs = mx.softmax(tempered, axis=-1)
+        return mx.put_along_axis(mx.zeros(x.shape, dtype=mx.float32), c.ids, probs, axis=-1)
 
     def select(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
                seed: int = 0, first_position: int = 0) -> list[int]:
-        """One token per row: argmax when greedy, else a draw from p with the key of the row's
-        absolute position (``first_position + i``)."""
+        """One token per row: argmax of the adjusted logits when greedy, else a draw from p with
+        the key of the row's absolute position (``first_position + i``)."""
         if self.greedy:
             return self.adjusted_logits(logits, history, appended).argmax(axis=-1).tolist()
         probs = self.distribution(logits, history, appended, seed, first_position)
-        return [sample(probs[i], position_key(seed, first_position + i)) for i in range(probs.shape[0])]
+        return sample_rows(probs, seed, first_position).tolist()
+
+    # -- n_probs -----------------------------------------------------------------------------
+
+    def token_probs(self, logits: mx.array, tokens: Sequence[int], n: int, *, post_sampling: bool,
+                    history: Sequence[int] = (), appended: Sequence[int] = (), seed: int = 0,
+                    first_position: int = 0) -> list[TokenProbs]:
+        """Per row: the probability of ``tokens[i]`` and the top ``n`` tokens.
+
+        ``post_sampling=False`` (llama-server's default) reports the model's raw distribution,
+        ``softmax(logits)`` with no bias, penalty, filter or temperature; ``post_sampling=True``
+        reports the effective distribution p and lists only tokens p keeps."""
+        x = logits.astype(mx.float32)
+        if x.ndim == 1:
+            x = x[None]
+        if post_sampling:
+            probs = self.distribution(x, history, appended, seed, first_position)
+        else:
+            probs = mx.softmax(x, axis=-1, precise=True)
+        rows = probs.shape[0]
+        n = max(0, min(int(n), probs.shape[-1]))
+        chosen = probs[mx.arange(rows), mx.array([int(t) for t in tokens[:rows]])] if rows else probs[:, 0]
+        top = top_candidates(probs, n) if n else None
+        mx.eval(chosen, *( [top.values, top.ids] if top else []))
+        out = []
+        for i in range(rows):
+            pairs = []
+            if top is not None:
+                for tok, pr in zip(top.ids[i].tolist(), top.values[i].tolist()):
+                    if post_sampling and pr <= 0.0:
+                        break
+                    pairs.append((int(tok), float(pr)))
+            out.append(TokenProbs(int(tokens[i]), float(chosen[i].item()), pairs))
+        return out
 
 
 def sample(probs: mx.array, key: mx.array) -> int:
     """Draw one token from a probability row with an explicit key."""
     return int(mx.random.categorical(mx.log(probs), key=key).item())
+
+
+def sample_rows(probs: mx.array, seed: int, first_position: int) -> mx.array:
+    """``[N]`` lazy draws, row ``i`` with ``position_key(seed, first_position + i)``; row for row
+    the same draw as ``sample(probs[i], key)``."""
+    return mx.stack([mx.random.categorical(mx.log(probs[i]), key=position_key(seed, first_position + i))
+                     for i in range(probs.shape[0])])
