@@ -161,7 +161,9 @@ def write_gguf(
         tokens[i] = text
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]]
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt-2")
+    # transformers loads a qwen2 checkpoint's tokenizer with Qwen2's split regex whatever
+    # tokenizer.json says, so that is the original a converter would detect.
+    writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "gpt-2")
     writer.add_token_list(tokens)
     writer.add_token_types([TOKEN_CONTROL if t in special else TOKEN_NORMAL for t in tokens])
     writer.add_token_merges(merges)
