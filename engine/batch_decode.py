@@ -1,0 +1,126 @@
+"""Forward passes for the server's continuous batching: chunked single-sequence prefill, and one
+batched decode step over every active row.
+
+Each sequence owns an ordinary per-layer cache (``LoadedModel.make_cache()``) while its prompt is
+prefilled; that cache is what the server keeps per slot for prompt-prefix reuse. When a sequence
+starts decoding it joins a :class:`DecodeBatch`, which holds one left-padded batch cache per layer
+(mlx-lm's ``BatchKVCache`` / ``BatchRotatingKVCache``, built with the per-layer cache class's
+``merge``). All rows then advance in a single ``model(tokens[B, 1])`` call. A finished row is
+extracted back into a single-sequence cache and filtered out of the batch.
+
+mlx-lm's own ``BatchGenerator`` couples scheduling, sampling and caching into one object; the server
+needs per-row sampler chains, stop strings and prompt caches, so only the cache plumbing is shared
+with it (the cache classes themselves), and this module stays a thin, synchronous layer over them.
+Pure MLX: no threads, no asyncio.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import mlx.core as mx
+
+
+def forward_chunk(model, tokens: Sequence[int], cache: list[Any]) -> mx.array:
+    """Feed ``tokens`` to one sequence's ``cache`` and return the logits of the last position,
+    shape ``[V]``, evaluated (the cache state is evaluated with them)."""
+    logits = model(mx.array(list(tokens), dtype=mx.int32)[None], cache=cache)[0, -1]
+    mx.eval(logits, [c.state for c in cache])
+    return logits
+
+
+def prefill(model, tokens: Sequence[int], cache: list[Any], step: int = 512) -> mx.array:
+    """Feed a whole prompt in chunks of ``step`` tokens; the logits of its last position."""
+    if not tokens:
+        raise ValueError("prefill needs at least one token")
+    logits = None
+    for start in range(0, len(tokens), step):
+        logits = forward_chunk(model, tokens[start:start + step], cache)
+    return logits
+
+
+def cache_length(cache: list[Any]) -> int:
+    """Tokens held by a single-sequence cache (its first layer's offset)."""
+    if not cache:
+        return 0
+    offset = cache[0].offset
+    return int(offset if isinstance(offset, int) else offset.item())
+
+
+def can_trim(cache: list[Any], n: int) -> bool:
+    """Whether every layer can drop its last ``n`` tokens exactly."""
+    if n <= 0:
+        return True
+    for c in cache:
+        if not c.is_trimmable():
+            return False
+        # A rotating (sliding-window) cache that has wrapped cannot rewind exactly.
+        max_size = getattr(c, "max_size", None)
+        if max_size is not None and cache_length([c]) > max_size:
+            return False
+    return True
+
+
+def trim(cache: list[Any], n: int) -> None:
+    """Drop the last ``n`` tokens from every layer (``can_trim`` must hold)."""
+    if n > 0:
+        for c in cache:
+            c.trim(n)
+
+
+class DecodeBatch:
+    """The rows currently decoding, with one batch cache per layer.
+
+    Rows are identified by any hashable key (the server uses slot ids)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.rows: list[Hashable] = []
+        self.cache: list[Any] | None = None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __contains__(self, row: Hashable) -> bool:
+        return row in self.rows
+
+    def add(self, row: Hashable, cache: list[Any]) -> None:
+        """Append a row whose single-sequence ``cache`` already holds its context."""
+        if row in self.rows:
+            raise ValueError(f"row {row!r} is already in the batch")
+        merged = [type(c).merge([c]) for c in cache]
+        if self.cache is None:
+            self.cache = merged
+        else:
+            for batch_layer, row_layer in zip(self.cache, merged):
+                batch_layer.extend(row_layer)
+        self.rows.append(row)
+
+    def remove(self, rows: Sequence[Hashable]) -> dict[Hashable, list[Any]]:
+        """Take rows out of the batch; returns each one's single-sequence cache."""
+        rows = [r for r in rows if r in self.rows]
+        if not rows:
+            return {}
+        out = {}
+        for r in rows:
+            i = self.rows.index(r)
+            out[r] = [layer.extract(i) for layer in self.cache]
+        keep = [i for i, r in enumerate(self.rows) if r not in out]
+        if keep:
+            index = mx.array(keep, dtype=mx.int32)
+            for layer in self.cache:
+                layer.filter(index)
+        else:
+            self.cache = None
+        self.rows = [self.rows[i] for i in keep]
+        return out
+
+    def step(self, tokens: Sequence[int]) -> mx.array:
+        """Feed one token per row (in ``self.rows`` order); the next-token logits ``[B, V]``."""
+        if len(tokens) != len(self.rows):
+            raise ValueError(f"{len(tokens)} tokens for {len(self.rows)} rows")
+        x = mx.array(list(tokens), dtype=mx.int32)[:, None]
+        logits = self.model(x, cache=self.cache)[:, -1, :]
+        mx.eval(logits)
+        return logits

@@ -1,0 +1,74 @@
+"""Server counters and their Prometheus text (``GET /metrics``, behind ``--metrics``), with
+llama-server's metric names so existing dashboards keep working."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Metrics:
+    prompt_tokens_total: int = 0
+    prompt_tokens_cached_total: int = 0
+    prompt_seconds_total: float = 0.0
+    tokens_predicted_total: int = 0
+    tokens_predicted_seconds_total: float = 0.0
+    n_decode_total: int = 0
+    n_busy_slots_total: int = 0
+    n_tokens_max: int = 0
+    draft_tokens_total: int = 0
+    draft_accepted_total: int = 0
+    drafts_total: int = 0
+
+    def record_request(self, prompt_n: int, cache_n: int, prompt_ms: float, predicted_n: int,
+                       predicted_ms: float, n_tokens: int) -> None:
+        self.prompt_tokens_total += prompt_n
+        self.prompt_tokens_cached_total += cache_n
+        self.prompt_seconds_total += prompt_ms / 1e3
+        self.tokens_predicted_total += predicted_n
+        self.tokens_predicted_seconds_total += predicted_ms / 1e3
+        self.n_tokens_max = max(self.n_tokens_max, n_tokens)
+
+    def record_decode(self, rows: int) -> None:
+        self.n_decode_total += 1
+        self.n_busy_slots_total += rows
+
+    def render(self, processing: int, deferred: int) -> str:
+        def rate(n, s):
+            return n / s if s > 0 else 0.0
+
+        rows = [
+            ("prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens",
+             self.prompt_tokens_total),
+            ("prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache",
+             self.prompt_tokens_cached_total),
+            ("prompt_seconds_total", "counter", "Total time spent processing prompts", self.prompt_seconds_total),
+            ("tokens_predicted_total", "counter", "Number of generation tokens processed",
+             self.tokens_predicted_total),
+            ("tokens_predicted_seconds_total", "counter", "Total time spent generating tokens",
+             self.tokens_predicted_seconds_total),
+            ("n_decode_total", "counter",
+             "Total number of llama_decode() calls, excluding speculative decoding and multimodal decoding",
+             self.n_decode_total),
+            ("n_tokens_max", "counter", "Largest observed sequence length (prompt + generation)", self.n_tokens_max),
+            ("spec_decode_num_draft_tokens_total", "counter", "Speculative: Total draft tokens generated",
+             self.draft_tokens_total),
+            ("spec_decode_num_accepted_tokens_total", "counter",
+             "Speculative: Total draft tokens accepted by the target model", self.draft_accepted_total),
+            ("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps",
+             self.drafts_total),
+            ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s",
+             rate(self.prompt_tokens_total, self.prompt_seconds_total)),
+            ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s",
+             rate(self.tokens_predicted_total, self.tokens_predicted_seconds_total)),
+            ("requests_processing", "gauge", "Number of requests processing", processing),
+            ("requests_deferred", "gauge", "Number of requests deferred", deferred),
+            ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call",
+             rate(self.n_busy_slots_total, self.n_decode_total)),
+        ]
+        out = []
+        for name, kind, help_text, value in rows:
+            out.append(f"# HELP llamacpp:{name} {help_text}")
+            out.append(f"# TYPE llamacpp:{name} {kind}")
+            out.append(f"llamacpp:{name} {value:g}" if isinstance(value, float) else f"llamacpp:{name} {value}")
+        return "\n".join(out) + "\n"

@@ -1,0 +1,92 @@
+"""``mlxcel-server`` / ``mlxcel serve``: parse llama-server's flags and run the HTTP server."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from .args import ArgumentError, ServerConfig, parse_args, usage
+
+log = logging.getLogger("mlxcel.server")
+
+
+def _setup_logging(config: ServerConfig) -> None:
+    if config.log_disable:
+        logging.basicConfig(level=logging.CRITICAL + 1)
+        return
+    level = logging.DEBUG if config.verbose or config.verbosity >= 5 else (
+        logging.INFO if config.verbosity >= 3 else logging.WARNING if config.verbosity == 2 else logging.ERROR)
+    kwargs = {"filename": config.log_file} if config.log_file else {"stream": sys.stderr}
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", **kwargs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        config = parse_args(argv)
+    except ArgumentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if config.help:
+        print(usage())
+        return 0
+    if config.version:
+        from importlib.metadata import version
+
+        print(f"mlxcel-server {version('mlxcel')} (llama-server compatible)")
+        return 0
+    if config.list_devices:
+        import mlx.core as mx
+
+        print(f"Available devices:\n  {mx.default_device()}")
+        return 0
+    _setup_logging(config)
+    for note in config.notes:
+        log.info("%s", note)
+    if config.hf_token:
+        os.environ["HF_TOKEN"] = config.hf_token
+    if config.offline:
+        os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        config.api_keys()
+    except ArgumentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from .app import create_app
+
+    app = create_app(config)
+    failed: list[BaseException] = []
+    server_ref: list[uvicorn.Server] = []
+
+    def on_load_error(exc: BaseException) -> None:  # a model that cannot load ends the server
+        failed.append(exc)
+        if server_ref:
+            server_ref[0].should_exit = True
+
+    app.state.on_load_error = on_load_error
+    uv_kwargs = {"log_level": "warning" if not config.verbose else "info", "timeout_keep_alive": min(config.timeout, 3600)}
+    if config.host.endswith(".sock"):
+        uv_kwargs["uds"] = config.host
+    else:
+        uv_kwargs.update(host=config.host, port=config.port)
+    if config.ssl_key_file or config.ssl_cert_file:
+        uv_kwargs.update(ssl_keyfile=config.ssl_key_file, ssl_certfile=config.ssl_cert_file)
+    server = uvicorn.Server(uvicorn.Config(app, **uv_kwargs))
+    server_ref.append(server)
+    log.info("listening on %s:%s", config.host, config.port)
+    server.run()
+    if failed:
+        print(f"error: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    from ..engine.device import reexec_with_fast_blas
+
+    reexec_with_fast_blas()
+    sys.exit(main())
