@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .dry import DryBreakers, apply_dry, breakers_from_strings, dry_enabled
-from .penalties import apply_penalties, penalties_enabled, token_counts
+from .penalties import apply_penalties, penalties_enabled
 from .random_keys import position_key
 from .sampler_filters import NEG_INF, Candidates, min_p_filter, top_candidates, top_p_filter, typical_filter
 from .sampling_params import SamplerParams
@@ -76,6 +76,8 @@ class SamplerChain:
             self._dry_breakers = (breakers_from_strings(tokenizer, p.dry_sequence_breakers, vocab_size)
                                   if tokenizer is not None else DryBreakers())
         self._min_keep = max(int(p.min_keep), 1)
+        self._filters = (0 < p.top_k < vocab_size or p.typical_p < 1.0 or p.top_p < 1.0 or p.min_p > 0.0
+                         or xtc_enabled(p.xtc_probability, p.xtc_threshold))
 
     @property
     def greedy(self) -> bool:
@@ -94,8 +96,8 @@ class SamplerChain:
             ids, vals = self._bias
             x = x.at[:, ids].add(vals)
         if self._penalties:
-            counts = token_counts(history, appended, rows, x.shape[-1], p.repeat_last_n)
-            x = apply_penalties(x, counts, p.repeat_penalty, p.presence_penalty, p.frequency_penalty)
+            x = apply_penalties(x, history, appended, p.repeat_last_n, p.repeat_penalty, p.presence_penalty,
+                                p.frequency_penalty)
         if self._dry:
             x = apply_dry(x, history, appended, self._dry_breakers, p.dry_multiplier, p.dry_base,
                           p.dry_allowed_length, p.dry_penalty_last_n)
@@ -125,6 +127,8 @@ class SamplerChain:
         x = self.adjusted_logits(logits, history, appended)
         if self.greedy:
             return (mx.arange(x.shape[-1]) == x.argmax(axis=-1, keepdims=True)).astype(mx.float32)
+        if not self._filters:  # plain temperature sampling: no order needed
+            return mx.softmax(x / self.params.temperature, axis=-1)
         c = self.filtered(x, seed, first_position)
         tempered = mx.where(c.alive, c.values / self.params.temperature, NEG_INF)
         probs = mx.softmax(tempered, axis=-1)
@@ -157,19 +161,14 @@ class SamplerChain:
         else:
             probs = mx.softmax(x, axis=-1, precise=True)
         rows = probs.shape[0]
-        n = max(0, min(int(n), probs.shape[-1]))
-        chosen = probs[mx.arange(rows), mx.array([int(t) for t in tokens[:rows]])] if rows else probs[:, 0]
-        top = top_candidates(probs, n) if n else None
-        mx.eval(chosen, *( [top.values, top.ids] if top else []))
+        want = max(0, int(n))
+        chosen = probs[mx.arange(rows), mx.array([int(t) for t in tokens[:rows]], dtype=mx.int32)]
+        top = top_candidates(probs, max(1, min(want, probs.shape[-1])))
+        chosen, top_ids, top_probs = (a.tolist() for a in (chosen, top.ids, top.values))
         out = []
         for i in range(rows):
-            pairs = []
-            if top is not None:
-                for tok, pr in zip(top.ids[i].tolist(), top.values[i].tolist()):
-                    if post_sampling and pr <= 0.0:
-                        break
-                    pairs.append((int(tok), float(pr)))
-            out.append(TokenProbs(int(tokens[i]), float(chosen[i].item()), pairs))
+            pairs = [(t, q) for t, q in zip(top_ids[i], top_probs[i]) if q > 0.0 or not post_sampling]
+            out.append(TokenProbs(int(tokens[i]), chosen[i], pairs[:want]))
         return out
 
 
@@ -178,8 +177,15 @@ def sample(probs: mx.array, key: mx.array) -> int:
     return int(mx.random.categorical(mx.log(probs), key=key).item())
 
 
+def position_keys(seed: int, first_position: int, rows: int, stream: int = 0) -> mx.array:
+    """``[rows, 2]``: the keys of positions ``first_position .. first_position + rows - 1``."""
+    return mx.stack([position_key(seed, first_position + i, stream) for i in range(rows)])
+
+
+_categorical_rows = mx.vmap(lambda logp, key: mx.random.categorical(logp, key=key))
+
+
 def sample_rows(probs: mx.array, seed: int, first_position: int) -> mx.array:
-    """``[N]`` lazy draws, row ``i`` with ``position_key(seed, first_position + i)``; row for row
-    the same draw as ``sample(probs[i], key)``."""
-    return mx.stack([mx.random.categorical(mx.log(probs[i]), key=position_key(seed, first_position + i))
-                     for i in range(probs.shape[0])])
+    """``[N]`` lazy draws, row ``i`` with ``position_key(seed, first_position + i)``: row for row
+    the same draw as ``sample(probs[i], key)``, as one vectorised op."""
+    return _categorical_rows(mx.log(probs), position_keys(seed, first_position, probs.shape[0]))

@@ -19,6 +19,8 @@ from .sampler_filters import Candidates, alive_rank, masked_softmax
 
 XTC_STREAM = 3
 
+_uniform_rows = mx.vmap(lambda key: mx.random.uniform(key=key))
+
 
 def xtc_enabled(probability: float, threshold: float) -> bool:
     return probability > 0.0 and threshold <= 0.5
@@ -26,7 +28,8 @@ def xtc_enabled(probability: float, threshold: float) -> bool:
 
 def xtc_coins(seed: int, first_position: int, rows: int) -> mx.array:
     """``[rows]`` uniforms in [0, 1), one per absolute position ``first_position + i``."""
-    return mx.stack([mx.random.uniform(key=position_key(seed, first_position + i, XTC_STREAM)) for i in range(rows)])
+    keys = mx.stack([position_key(seed, first_position + i, XTC_STREAM) for i in range(rows)])
+    return _uniform_rows(keys)
 
 
 def xtc_filter(c: Candidates, probability: float, threshold: float, min_keep: int, coins: mx.array) -> mx.array:

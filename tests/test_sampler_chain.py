@@ -232,3 +232,10 @@ def test_typical_boundary_needs_mass_strictly_above_p():
     chain = SamplerChain(params, vocab_size=4)
     dist = np.array(chain.distribution(mx.array(logits), []))
     np.testing.assert_allclose(dist[0], [1 / 3, 1 / 3, 1 / 3, 0.0], atol=1e-7)
+
+
+def test_token_probs_with_zero_n_reports_only_the_chosen_token():
+    chain = SamplerChain(BASE, vocab_size=V)
+    logits, _, _ = random_case(10, rows=1)
+    (tp,) = chain.token_probs(mx.array(logits), [5], 0, post_sampling=False)
+    assert tp.top == [] and tp.token == 5 and 0 < tp.prob < 1
