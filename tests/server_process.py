@@ -1,0 +1,121 @@
+"""Run mlxcel-server as a real process on 127.0.0.1 for the server tests, and read the upstream
+captures those tests compare against."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+CAPTURES = Path(os.environ.get("MLXCEL_LLAMA_SERVER_CAPTURES", "/work/shared/reference/llama-server"))
+OPENBLAS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_env() -> dict:
+    env = dict(os.environ)
+    for lib in OPENBLAS:
+        if sys.platform.startswith("linux") and Path(lib).exists() and lib not in env.get("LD_PRELOAD", ""):
+            env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
+            env["MLXCEL_BLAS_PRELOADED"] = "1"
+            break
+    return env
+
+
+class ServerProcess:
+    """``python -m mlxcel.server.serve_command ARGS --port P``, waited for until /health is 200."""
+
+    def __init__(self, *args: str, timeout: float = 180.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "mlxcel.server.serve_command", *args, "--host", "127.0.0.1",
+               "--port", str(self.port)]
+        self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlxcel-server-{self.port}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(), stdout=self._log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"server did not become healthy:\n{self.log()}")
+            time.sleep(0.2)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@dataclass
+class Capture:
+    name: str
+    method: str
+    path: str
+    body: bytes | None
+    status: int
+    headers: dict[str, str]
+    response: str
+
+    def json(self):
+        return json.loads(self.response)
+
+    def events(self) -> list[str]:
+        return sse_events(self.response)
+
+
+def sse_events(text: str) -> list[str]:
+    """The ``data:`` payloads of an SSE body, in order (checking the framing as it goes)."""
+    out = []
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), f"bad SSE block: {block[:80]!r}"
+        out.append(block[len("data: "):])
+    return out
+
+
+def load_capture(name: str) -> Capture:
+    req = (CAPTURES / "responses" / f"{name}.request.txt").read_text()
+    first, _, body = req.partition("\n")
+    method, path = first.split()[:2]
+    raw = (CAPTURES / "responses" / f"{name}.txt").read_text()
+    head, _, payload = raw.partition("\n\n")
+    lines = head.splitlines()
+    status = int(lines[0].split()[1])
+    headers = {}
+    for line in lines[1:]:
+        k, _, v = line.partition(":")
+        headers[k.strip().lower()] = v.strip()
+    return Capture(name, method, path, body.encode() if body.strip() else None, status, headers, payload)
+
+
+def capture_names() -> list[str]:
+    return sorted(p.name[: -len(".request.txt")] for p in (CAPTURES / "responses").glob("*.request.txt"))
