@@ -22,8 +22,7 @@ import mlx.core as mx
 
 from .errors import PromptError
 from .kv_cache import cache_length, rewind
-from .random_keys import position_key
-from .sampler_chain import SamplerChain
+from .sampler_chain import SamplerChain, sample_rows
 
 DEFAULT_PREFILL_STEP = 512
 # Give freed buffers back to the allocator this often (as mlx-lm does) so a long generation
@@ -65,15 +64,15 @@ def prefill(model: Any, tokens: Sequence[int], cache: list[Any], step: int = DEF
 def pick_token(chain: SamplerChain, logits: mx.array, history: Sequence[int], seed: int) -> mx.array:
     """The token for position ``len(history)`` as a lazy ``[1]`` array.
 
-    Same rule as ``SamplerChain.select`` on one row (argmax of the adjusted logits when greedy,
-    else a categorical draw from ``distribution`` with the position's key), but left unevaluated
-    so the next forward can be queued on it before the host reads it. ``tests/test_decode.py``
-    checks the two agree token for token."""
+    ``SamplerChain.select`` on one row (argmax of the adjusted logits when greedy, else
+    ``sample_rows`` over ``distribution`` with the position's key), but left unevaluated so the
+    next forward can be queued on it before the host reads it. ``tests/test_decode.py`` checks
+    the two agree token for token."""
     position = len(history)
     if chain.greedy:
         return chain.adjusted_logits(logits[None], history).argmax(axis=-1)
     probs = chain.distribution(logits[None], history, seed=seed, first_position=position)
-    return mx.random.categorical(mx.log(probs[0]), key=position_key(seed, position))[None]
+    return sample_rows(probs, seed, position)
 
 
 def generate_tokens(
