@@ -59,6 +59,21 @@ PRE_TOKENIZERS: dict[str, tuple[str | None, bool, bool]] = {
 }
 
 
+# Token texts llama.cpp treats as end-of-generation whatever the metadata says (it decides EOG
+# by text; see llama-vocab.cpp), and its fill-in-the-middle pad/repo/separator candidates,
+# which it also counts as EOG.
+EOG_TEXTS = {
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+}
+FIM_CANDIDATES = {
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+
+
 @dataclass
 class SpecialIds:
     bos: int | None
@@ -69,6 +84,7 @@ class SpecialIds:
     pad: int | None
     add_bos: bool
     add_eos: bool
+    eog: frozenset[int] = frozenset()  # every token that ends generation, as llama.cpp decides
 
 
 def special_ids(metadata: dict[str, Any], n_tokens: int) -> SpecialIds:
@@ -85,7 +101,24 @@ def special_ids(metadata: dict[str, Any], n_tokens: int) -> SpecialIds:
         bos=bos, eos=tid("eos"), eot=tid("eot"), eom=tid("eom"), unk=tid("unknown"), pad=tid("padding"),
         add_bos=bool(add_bos) and bos is not None,
         add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)) and tid("eos") is not None,
+        eog=frozenset(_eog_ids(metadata, tid)),
     )
+
+
+def _eog_ids(metadata: dict[str, Any], tid) -> set[int]:
+    tokens = metadata.get("tokenizer.ggml.tokens") or []
+    by_text: dict[str, int] = {}
+    for i, text in enumerate(tokens):
+        by_text.setdefault(text, i)
+    eog = {by_text[t] for t in EOG_TEXTS if t in by_text}
+    for kind, candidates in FIM_CANDIDATES.items():
+        found = tid(kind)
+        if found is None:
+            found = next((by_text[t] for t in candidates if t in by_text), None)
+        if found is not None:
+            eog.add(found)
+    eog.update(i for i in (tid("eos"), tid("eot"), tid("eom")) if i is not None)
+    return eog
 
 
 def build_tokenizers_object(metadata: dict[str, Any], source: str) -> tuple[Tokenizer, SpecialIds]:
@@ -218,5 +251,4 @@ def build_tokenizer(metadata: dict[str, Any], source: str):
         detok = lambda t: SPMStreamingDetokenizer(t, trim_space=prefix)  # noqa: E731
     else:
         detok = BPEStreamingDetokenizer
-    eos = {i for i in (ids.eos, ids.eot, ids.eom) if i is not None}
-    return TokenizerWrapper(hf, detokenizer_class=detok, eos_token_ids=eos), ids
+    return TokenizerWrapper(hf, detokenizer_class=detok, eos_token_ids=set(ids.eog)), ids

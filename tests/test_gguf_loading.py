@@ -128,7 +128,7 @@ def test_config_from_metadata(tiny_qwen_dir, tiny_llama_dir, gguf_root):
         assert loaded.config["rms_norm_eps"] == pytest.approx(ref["rms_norm_eps"])
         assert loaded.metadata["add_bos"] is False and loaded.add_bos is False
         assert loaded.chat_template == tiny_checkpoints.CHATML_TEMPLATE
-        assert loaded.eos_token_ids == {2}
+        assert loaded.eos_token_ids == {0, 2}  # eos <|im_end|>, plus <|endoftext|> as llama.cpp counts it
 
 
 def test_block_conversion_matches_mlx_and_gguf_references():
