@@ -166,3 +166,38 @@ def test_q4_0_conversion_matches_gguf_reference(gguf_root):
     assert np.array_equal(np.array(ours), dequantize_numpy(info))
     native = mx.load(str(path))
     assert np.array_equal(tw, np.array(native["x.weight"]))
+
+
+def _llama3_rope_factors(base: float, dims: int, factor: float, low: float, high: float, original: int) -> np.ndarray:
+    """The per-frequency divisors a converter stores as ``rope_freqs`` for Llama 3.x scaling."""
+    out = []
+    for i in range(0, dims, 2):
+        wavelen = 2 * np.pi * base ** (i / dims)
+        if wavelen < original / high:
+            out.append(1.0)
+        elif wavelen > original / low:
+            out.append(factor)
+        else:
+            smooth = (original / wavelen - low) / (high - low)
+            out.append(1.0 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
+def test_llama3_rope_freqs_match_hf_llama3_scaling(gguf_root):
+    import json
+
+    hf_dir = tiny_checkpoints.build_hf_checkpoint(gguf_root / "llama3-rope", "llama", seed=4)
+    config = json.loads((hf_dir / "config.json").read_text())
+    config["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    (hf_dir / "config.json").write_text(json.dumps(config))
+    factors = _llama3_rope_factors(config["rope_theta"], 16, 8.0, 1.0, 4.0, 64)
+    assert len(set(factors.tolist())) > 2  # some dims unscaled, some scaled, some smoothed
+    with_freqs = tiny_gguf.write_gguf(hf_dir, gguf_root / "llama3-rope.gguf",
+                                      extra_tensors={"rope_freqs.weight": (factors, Q.F32)})
+    text = PROMPT * 3  # long enough for the low frequencies to matter
+    ours, ref = load_model(with_freqs), load_model(hf_dir)
+    a, b = _logits(ours, text), _logits(ref, text)
+    assert mx.abs(a - b).max().item() <= 1e-4
+    without = load_model(tiny_gguf.write_gguf(hf_dir, gguf_root / "llama3-norope.gguf"))
+    assert mx.abs(_logits(without, text) - b).max().item() > 1e-3
