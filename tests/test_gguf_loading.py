@@ -201,3 +201,10 @@ def test_llama3_rope_freqs_match_hf_llama3_scaling(gguf_root):
     assert mx.abs(a - b).max().item() <= 1e-4
     without = load_model(tiny_gguf.write_gguf(hf_dir, gguf_root / "llama3-norope.gguf"))
     assert mx.abs(_logits(without, text) - b).max().item() > 1e-3
+
+
+def test_qwen3_gguf_matches_hf_checkpoint(gguf_root):
+    hf_dir = tiny_gguf.build_qwen3_checkpoint(gguf_root / "qwen3", seed=5)
+    gguf_path = tiny_gguf.write_gguf(hf_dir, gguf_root / "qwen3.gguf")
+    assert load_model(gguf_path).config["head_dim"] == 32  # not hidden / heads = 16
+    _assert_same_model(gguf_path, hf_dir)

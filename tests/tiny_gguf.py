@@ -25,6 +25,30 @@ from gguf import GGML_QUANT_SIZES, GGUFWriter
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 
+def build_qwen3_checkpoint(out: Path, *, seed: int = 0) -> Path:
+    """A tiny qwen3 checkpoint (q/k RMS norms, explicit head_dim) like ``tiny_checkpoints`` builds."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3
+
+    import tiny_checkpoints
+
+    vocab = tiny_checkpoints.build_tokenizer(out)
+    config = tiny_checkpoints.tiny_config("qwen2", vocab)
+    config.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=32)
+    mx.random.seed(seed)
+    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    params = dict(tree_flatten(model.parameters()))
+    params["model.embed_tokens.weight"] = mx.random.normal(params["model.embed_tokens.weight"].shape)
+    for name in params:
+        if name.endswith("_norm.weight"):  # non-trivial norms, so a mixed-up q/k norm shows
+            params[name] = 1.0 + 0.3 * mx.random.normal(params[name].shape)
+    params.pop("lm_head.weight", None)
+    mx.save_safetensors(str(out / "model.safetensors"), {k: v.astype(mx.float32) for k, v in params.items()},
+                        metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
 # Hugging Face parameter path (after "model.layers.N.") -> llama.cpp tensor name (after "blk.N.").
 LAYER_NAMES = {
     "input_layernorm": "attn_norm",
@@ -36,6 +60,8 @@ LAYER_NAMES = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
 GLOBAL_NAMES = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 TOKEN_NORMAL, TOKEN_CONTROL = 1, 3
@@ -148,7 +174,11 @@ def write_gguf(
     writer.add_uint32(f"{prefix}.attention.head_count_kv", config["num_key_value_heads"])
     writer.add_float32(f"{prefix}.rope.freq_base", config["rope_theta"])
     writer.add_float32(f"{prefix}.attention.layer_norm_rms_epsilon", config["rms_norm_eps"])
-    writer.add_uint32(f"{prefix}.rope.dimension_count", config["hidden_size"] // config["num_attention_heads"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    writer.add_uint32(f"{prefix}.rope.dimension_count", head_dim)
+    if "head_dim" in config:
+        writer.add_uint32(f"{prefix}.attention.key_length", head_dim)
+        writer.add_uint32(f"{prefix}.attention.value_length", head_dim)
     writer.add_uint32(f"{prefix}.vocab_size", config["vocab_size"])
 
     # Tokenizer: the vocabulary in id order, its merges, which tokens are control tokens.
@@ -162,7 +192,7 @@ def write_gguf(
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]]
     writer.add_tokenizer_model("gpt2")
     # transformers loads a qwen2 checkpoint's tokenizer with Qwen2's split regex whatever
-    # tokenizer.json says, so that is the original a converter would detect.
+    # tokenizer.json says (not so for qwen3), so that is the original a converter would detect.
     writer.add_tokenizer_pre("qwen2" if arch == "qwen2" else "gpt-2")
     writer.add_token_list(tokens)
     writer.add_token_types([TOKEN_CONTROL if t in special else TOKEN_NORMAL for t in tokens])
