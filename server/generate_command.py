@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .cli import CliArgumentParser
+from .speculative_options import add_speculative_args, check_speculative_args, run_speculative, speculative_requested
 
 DEFAULT_N_PREDICT = 256
 
@@ -56,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def build_parser() -> CliArgumentParser:
-    return add_arguments(CliArgumentParser(prog="mlxcel generate", description="Generate text from a prompt."))
+    parser = add_arguments(CliArgumentParser(prog="mlxcel generate", description="Generate text from a prompt."))
+    return add_speculative_args(parser)
 
 
 def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -198,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
     prompt = encode_prompt(loaded, text, use_chat_template=not args.no_chat_template)
     params = sampler_params(args)
     log.info("prompt: %d tokens; sampler: %s", len(prompt), params)
+    if speculative_requested(args):
+        return run_speculative(args, loaded, prompt, params)
     last = stream_plain(loaded, prompt, params, args)
     if last is None:
         print(f"[Performance] prompt: {len(prompt)} tokens | generation: 0 tokens")
@@ -210,4 +214,5 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     validate(parser, args)
+    check_speculative_args(parser, args)
     return run(args)

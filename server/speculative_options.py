@@ -73,6 +73,12 @@ def check_speculative_args(parser: argparse.ArgumentParser, args: argparse.Names
         parser.error(f"prompt lookup needs 1 <= --prompt-lookup-min <= --prompt-lookup-max (got {lo}, {hi})")
     args.prompt_lookup_min, args.prompt_lookup_max = lo, hi
 
+    if speculative_requested(args):  # a bad switch value fails before anything loads
+        from mlxcel.engine.acceptance import stochastic_accept_enabled
+        from mlxcel.engine.speculative import diagnostics_enabled
+
+        stochastic_accept_enabled()
+        diagnostics_enabled()
     config = read_drafter_config(args.draft_model) if args.draft_model else {}
     if args.draft_model:
         refuse_drafter_only_checkpoint(args.draft_model, config)
@@ -136,8 +142,9 @@ def run_speculative(args: argparse.Namespace, loaded, prompt: list[int], params,
         for token in step.tokens:
             if token not in eos:
                 detok.add_token(token)
-        if detok.last_segment:
-            out.write(detok.last_segment)
+        segment = detok.last_segment  # reading it consumes it
+        if segment:
+            out.write(segment)
             out.flush()
     detok.finalize()
     out.write(detok.last_segment + "\n")
