@@ -269,9 +269,9 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
         log.exception("unhandled error")
         return JsonResponse(ApiError(f"{type(exc).__name__}: {exc}", "server_error").body(), status_code=500)
 
-    router = APIRouter()
+    router = APIRouter(prefix=config.api_prefix)
     _add_routes(router, state)
-    app.include_router(router, prefix=config.api_prefix)
+    app.router.routes.extend(router.routes)  # flat, so app.routes lists every route
     return app
 
 
