@@ -22,10 +22,27 @@ from typing import Any
 import mlx.core as mx
 
 
+# Architectures whose forward is exactly ``head(model.model(x))`` (mlx-lm's llama/qwen/mistral
+# family): for them a prefill chunk projects only its last position onto the vocabulary.
+_PLAIN_HEAD_TYPES = {"llama", "qwen2", "qwen3", "mistral", "smollm3"}
+
+
+def _last_position_logits(model, x: mx.array, cache: list[Any]) -> mx.array:
+    """Logits of the last position only. mlx-lm's models project every position of a chunk onto
+    the vocabulary; on a 49k-token vocabulary that is a large share of a prompt's compute, so for
+    plain-head architectures the head is applied to the last hidden state alone."""
+    if getattr(model, "model_type", None) in _PLAIN_HEAD_TYPES and hasattr(model, "model"):
+        hidden = model.model(x, cache)[:, -1:, :]
+        if getattr(model.args, "tie_word_embeddings", False):
+            return model.model.embed_tokens.as_linear(hidden)[0, -1]
+        return model.lm_head(hidden)[0, -1]
+    return model(x, cache=cache)[0, -1]
+
+
 def forward_chunk(model, tokens: Sequence[int], cache: list[Any]) -> mx.array:
     """Feed ``tokens`` to one sequence's ``cache`` and return the logits of the last position,
     shape ``[V]``, evaluated (the cache state is evaluated with them)."""
-    logits = model(mx.array(list(tokens), dtype=mx.int32)[None], cache=cache)[0, -1]
+    logits = _last_position_logits(model, mx.array(list(tokens), dtype=mx.int32)[None], cache)
     mx.eval(logits, [c.state for c in cache])
     return logits
 

@@ -221,8 +221,9 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
             if config.chat_template_kwargs:
                 state.template_kwargs = json.loads(config.chat_template_kwargs)
             state.defaults = build_defaults(config, loaded)
+            # as upstream: the alias, else the model argument as given (the file name for the default)
             state.model_name = config.alias.split(",")[0] if config.alias else (
-                config.model or config.hf_repo or loaded.name or str(loaded.path))
+                config.model or config.hf_repo or loaded.path.name)
             state.token_text = TokenText(loaded.tokenizer)
             state.loaded = loaded
             scheduler = Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, n_batch=config.batch_size,

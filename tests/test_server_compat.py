@@ -163,3 +163,50 @@ def test_slots(server):
     idle = [s for s in ours if "params" not in s]
     for s in idle:
         same_shape(s, load_capture("slots").json()[0])
+
+
+BAD_INPUTS = [
+    ("/completion", {"prompt": [[1, "a", {}]]}),
+    ("/completion", {"prompt": [1.5]}),
+    ("/completion", {"prompt": True}),
+    ("/completion", {"prompt": ""}),
+    ("/completion", {"prompt": []}),
+    ("/completion", {"prompt": "x", "logit_bias": "bad"}),
+    ("/completion", {"prompt": "x", "logit_bias": [[1]]}),
+    ("/completion", {"prompt": "x", "logit_bias": {"1": "a"}}),
+    ("/completion", {"prompt": "x", "stop": 5}),
+    ("/completion", {"prompt": "x", "stop": [1]}),
+    ("/completion", {"prompt": "x", "samplers": ["bogus"]}),
+    ("/completion", {"prompt": "x", "samplers": ["temperature", "top_k"]}),
+    ("/completion", {"prompt": "x", "n_probs": -1}),
+    ("/completion", {"prompt": "x", "n_cmpl": 0}),
+    ("/completion", {"prompt": "x", "response_fields": "content"}),
+    ("/completion", {"prompt": "x", "top_k": "5"}),
+    ("/completion", {"prompt": "x", "seed": "1"}),
+    ("/completion", {"prompt": "x", "dry_sequence_breakers": [1]}),
+    ("/completion", {"prompt": "x", "stream": True, "n_predict": 2, "lora": [{"id": 0, "scale": 1}]}),
+    ("/completion", [1, 2]),
+    ("/completion", None),
+    ("/v1/completions", {"prompt": "x", "logprobs": "yes"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+    ("/v1/chat/completions", {"messages": [1]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 0}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 50}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream_options": "x"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": -7}),
+    ("/tokenize", {"content": 5}),
+    ("/detokenize", {"tokens": [-1]}),
+    ("/detokenize", {"tokens": ["a"]}),
+]
+
+
+@pytest.mark.parametrize("path, body", BAD_INPUTS, ids=[f"{p}-{i}" for i, (p, _) in enumerate(BAD_INPUTS)])
+def test_bad_input_is_a_clear_400(server, path, body):
+    r = httpx.post(server.url + path, content=json.dumps(body), timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] == 400 and err["message"]
+    # the engine is unharmed
+    ok = httpx.post(server.url + "/completion", json={"prompt": "x", "n_predict": 1}, timeout=60)
+    assert ok.status_code == 200
