@@ -53,6 +53,7 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     load_error: str | None = None
     api_keys: list[str] = field(default_factory=list)
+    n_params: int = 0  # counted at load time, so no MLX call happens on the event loop
 
     @property
     def ready(self) -> bool:
@@ -225,6 +226,9 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
             state.model_name = config.alias.split(",")[0] if config.alias else (
                 config.model or config.hf_repo or loaded.path.name)
             state.token_text = TokenText(loaded.tokenizer)
+            from mlx.utils import tree_flatten
+
+            state.n_params = int(sum(v.size for _, v in tree_flatten(loaded.model.parameters())))
             state.loaded = loaded
             scheduler = Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, n_batch=config.batch_size,
                                   n_ubatch=config.ubatch_size, metrics=state.metrics,

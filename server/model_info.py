@@ -57,13 +57,7 @@ def models(state) -> dict:
     loaded = state.loaded
     name = state.model_name
     config = loaded.config or {}
-    n_params = 0
-    try:
-        from mlx.utils import tree_flatten
-
-        n_params = sum(v.size for _, v in tree_flatten(loaded.model.parameters()))
-    except Exception:
-        pass
+    n_params = state.n_params
     tags = [t.strip() for t in (state.config.tags or "").split(",") if t.strip()]
     return {
         "models": [{
