@@ -20,8 +20,8 @@ SUMMARY = re.compile(
 
 
 def mlxcel(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("MLXCEL_LOG", None) if env is None or "MLXCEL_LOG" not in env else None
+    full_env = {k: v for k, v in os.environ.items() if k != "MLXCEL_LOG"}  # default: no logging
+    full_env.update(env or {})
     return subprocess.run([str(MLXCEL), *args], capture_output=True, text=True, timeout=timeout, env=full_env)
 
 
