@@ -17,7 +17,6 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-import tiny_checkpoints
 
 from mlxcel.drafters.draft_model import DraftModelDrafter
 from mlxcel.drafters.prompt_lookup import PromptLookupDrafter
