@@ -14,8 +14,9 @@ from pathlib import Path
 
 import httpx
 
+from captures import CAPTURES
+
 REPO = Path(__file__).resolve().parents[1]
-CAPTURES = Path(os.environ.get("MLXCEL_LLAMA_SERVER_CAPTURES", "/work/shared/reference/llama-server"))
 OPENBLAS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0")
 
 

@@ -1,5 +1,5 @@
 """The tokenizer rebuilt from GGUF metadata: SmolLM2's against ids the real llama-server
-returned for the same file (``/work/shared/reference/llama-server``) and against transformers'
+returned for the same file (the captures in ``shared/reference/llama-server``) and against transformers'
 own GGUF tokenizer; the tiny GGUFs' against the tokenizer.json they were converted from."""
 
 from __future__ import annotations
