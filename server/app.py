@@ -230,9 +230,13 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
 
             state.n_params = int(sum(v.size for _, v in tree_flatten(loaded.model.parameters())))
             state.loaded = loaded
+            from .speculation import Speculation, resolve
+
+            settings = resolve(config)
+            speculation = Speculation.load(settings, loaded) if settings is not None else None
             scheduler = Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, n_batch=config.batch_size,
                                   n_ubatch=config.ubatch_size, metrics=state.metrics,
-                                  slot_prompt_similarity=config.slot_prompt_similarity)
+                                  slot_prompt_similarity=config.slot_prompt_similarity, speculation=speculation)
             scheduler.start()
             state.scheduler = scheduler
             log.info("model %s loaded; %d slots, n_ctx %d", state.model_name, len(scheduler.slots), scheduler.n_ctx)

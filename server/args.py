@@ -10,7 +10,7 @@ import argparse
 import logging
 from dataclasses import dataclass, field
 
-from .flag_table import FLAGS, Flag
+from .flag_table import EXTENSIONS, FLAGS, Flag
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,18 @@ class ServerConfig:
     help: bool = False
     version: bool = False
     list_devices: bool = False
+    # speculative decoding (resolved by speculation.resolve)
+    draft_model: str | None = None
+    draft_hf: str | None = None
+    spec_type: str | None = None
+    spec_draft_n_max: int | None = None
+    spec_draft_n_min: int | None = None
+    spec_ngram_simple_size_n: int | None = None
+    spec_ngram_simple_size_m: int | None = None
+    spec_draft_sampling: str | None = None
+    spec_default: bool = False
+    draft_kind: str | None = None
+    draft_adaptive: str | None = None
     notes: list[str] = field(default_factory=list)  # what was ignored, for the startup log
 
     @property
@@ -111,7 +123,7 @@ def _key(flag: Flag) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mlxcel-server", add_help=False, allow_abbrev=False)
-    for flag in FLAGS:
+    for flag in [*FLAGS, *EXTENSIONS]:
         key = _key(flag)
         if flag.names[0] in ("-h",):
             parser.add_argument(*flag.names, dest="help", action="store_true", default=None)
@@ -140,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str]) -> ServerConfig:
     ns = vars(build_parser().parse_args(argv))
     config = ServerConfig()
-    for flag in FLAGS:
+    for flag in [*FLAGS, *EXTENSIONS]:
         key = _key(flag)
         value = ns.get(key) if key not in ("help", "version") else None
         if flag.names[0] == "-h":
@@ -197,7 +209,7 @@ def usage() -> str:
     lines = ["usage: mlxcel-server [options]", "",
              "Drop-in replacement for llama-server on MLX. Every llama-server flag is accepted;",
              "see compat/llama-server/ for what each one does here.", ""]
-    for flag in FLAGS:
+    for flag in [*FLAGS, *EXTENSIONS]:
         names = ", ".join(flag.names + flag.negatives)
         meta = f" {flag.metavar}" if flag.metavar else ""
         state = "" if flag.state == "supported" else f" [{flag.state}]"

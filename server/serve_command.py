@@ -41,6 +41,14 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"Available devices:\n  {mx.default_device()}")
         return 0
+    from ..engine.errors import MlxcelError
+    from .speculation import SpeculationError, resolve
+
+    try:
+        resolve(config)  # a speculative setup that cannot work ends here, before anything loads
+    except (SpeculationError, MlxcelError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     _setup_logging(config)
     for note in config.notes:
         log.info("%s", note)

@@ -94,6 +94,8 @@ class SlotRun:
         self.done = False
         self.t_prefill_end = 0.0
         self.t_last = 0.0
+        self.spec = None  # speculation.SpecRow while this request speculates
+        self.task_failed = False
         stops = self.opts.stop
         self.max_stop = max((len(s) for s in stops), default=0)
 
@@ -197,13 +199,18 @@ class SlotRun:
             return self.prompt[:self.n_past]
         return self.prompt + self.generated[:-1]
 
-    def timings(self) -> Timings:
+    def timings(self, draft: bool = False) -> Timings:
+        """The nine base figures; with ``draft`` also the drafter's counters (only the final
+        result carries them: a running total mid-stream is not a total yet). ``predicted_ms`` runs
+        from the end of prefill over every verify round, as it does over plain steps."""
+        extra = {"draft": self.spec.stats} if draft and self.spec is not None else {}
         return Timings(
             cache_n=self.cache_n,
             prompt_n=len(self.prompt) - self.cache_n,
             prompt_ms=(self.t_prefill_end - self.task.t_arrival) * 1e3 if self.generated else 0.0,
             predicted_n=len(self.generated),
             predicted_ms=(self.t_last - self.t_prefill_end) * 1e3,
+            **extra,
         )
 
     def final(self) -> Final:
@@ -217,6 +224,6 @@ class SlotRun:
             tokens_cached=len(self.prompt) + max(len(self.generated) - 1, 0),
             id_slot=self.slot.id,
             has_new_line="\n" in self.text,
-            timings=self.timings(),
+            timings=self.timings(draft=True),
             probs=self.probs,
         ))

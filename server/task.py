@@ -37,6 +37,8 @@ class GenerationOptions:
     timings_per_token: bool = False
     stream: bool = False
     samplers: list[str] = field(default_factory=list)
+    spec_n_max: int | None = None  # speculative.n_max (0: this request does not speculate)
+    spec_n_min: int | None = None  # speculative.n_min
     # echoed in generation_settings, not otherwise used
     echo: dict[str, Any] = field(default_factory=dict)
 
