@@ -1,0 +1,132 @@
+#!/usr/bin/env python
+"""Prompt lookup inside the server vs plain decoding, in one run on the same machine.
+
+Two mlxcel-server processes on the built-in SmolLM2-135M-Instruct: one plain, one started with
+``--spec-type ngram-simple`` (prompt lookup). Three arms, interleaved request by request, each
+request repeated ``--repeats`` times and the best kept (the machine is shared and noisy):
+
+* ``plain``: the plain server;
+* ``lookup``: the speculative server, the request speculates;
+* ``opt-out``: the speculative server, the request sends ``speculative.n_max: 0`` (a plain request
+  on a server that offers speculation).
+
+Workloads: edit prompts (rewrite a given paragraph, edit a given piece of code: the answer copies
+long spans of the prompt) and free prose (little to copy). Greedy, one client, ``cache_prompt``
+off so every request prefills the same way. Reported per arm and workload: decode tokens/s
+(``predicted_per_second``: from the end of prefill over every step / verify round), wall-clock
+tokens/s over the whole request as the client saw it, and decode tokens per target forward
+(``(predicted_n - 1) / (predicted_n - 1 - draft_n_accepted)``). Ratios are against ``plain``.
+
+    ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py [--max-tokens 128] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+from server_process import ServerProcess  # noqa: E402
+
+PARAGRAPH = ("The old lighthouse stood on the edge of the cliff for more than two hundred years. Every night its "
+             "keeper climbed the narrow stairs, lit the great lamp, and watched the ships pass safely through "
+             "the dark water. When the keeper grew old, the village decided to keep the light burning "
+             "forever, and the children took turns climbing the stairs each evening.")
+CODE = '''def total_price(items, tax_rate):
+    subtotal = 0
+    for item in items:
+        subtotal = subtotal + item["price"] * item["quantity"]
+    tax = subtotal * tax_rate
+    return subtotal + tax
+
+
+def cheapest(items):
+    best = None
+    for item in items:
+        if best is None or item["price"] < best["price"]:
+            best = item
+    return best
+'''
+WORKLOADS = {
+    "edit-paragraph": f"Rewrite the following paragraph exactly as it is, changing only 'lighthouse' to "
+                      f"'tower':\n\n{PARAGRAPH}",
+    "edit-code": f"Copy this Python code exactly, adding a comment line '# prices' at the top:\n\n{CODE}",
+    "prose-story": "Write a short story about a robot who learns to paint.",
+    "prose-explain": "Explain how a rainbow forms, step by step.",
+}
+EDIT = ("edit-paragraph", "edit-code")
+ARMS = ("plain", "lookup", "opt-out")
+
+
+def request(url: str, prompt: str, max_tokens: int, extra: dict) -> dict:
+    body = {"messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+            "cache_prompt": False, **extra}
+    t0 = time.perf_counter()
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=600)
+    wall = time.perf_counter() - t0
+    r.raise_for_status()
+    body = r.json()
+    t = body["timings"]
+    n = t["predicted_n"]
+    accepted = t.get("draft_n_accepted", 0)
+    return {"decode_tps": t["predicted_per_second"], "wall_tps": n / wall, "n": n,
+            "tpf": (n - 1) / max(n - 1 - accepted, 1), "rounds": t.get("draft_rounds", 0),
+            "drafted": t.get("draft_n", 0), "accepted": accepted, "text": body["choices"][0]["message"]["content"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--block", type=int, default=None, help="--spec-ngram-simple-size-m for the lookup server")
+    args = ap.parse_args()
+    os.environ.setdefault("MLXCEL_LOG", "warning")
+    spec_args = ["--spec-type", "ngram-simple"]
+    if args.block:
+        spec_args += ["--spec-ngram-simple-size-m", str(args.block)]
+    plain = ServerProcess("-c", "2048", "-np", "1", timeout=600)
+    spec = ServerProcess("-c", "2048", "-np", "1", *spec_args, timeout=600)
+    arms = {"plain": (plain.url, {}), "lookup": (spec.url, {}), "opt-out": (spec.url, {"speculative.n_max": 0})}
+    best: dict[tuple[str, str], dict] = {}
+    try:
+        for url, _ in arms.values():  # warm both servers
+            request(url, "Hello", 8, {})
+        for rep in range(args.repeats):
+            for name, prompt in WORKLOADS.items():
+                for arm in (ARMS if rep % 2 == 0 else ARMS[::-1]):
+                    url, extra = arms[arm]
+                    r = request(url, prompt, args.max_tokens, extra)
+                    key = (name, arm)
+                    if key not in best or r["wall_tps"] > best[key]["wall_tps"]:
+                        best[key] = r
+                    print(f"  rep {rep} {name:15s} {arm:8s} wall {r['wall_tps']:6.1f} tok/s  decode "
+                          f"{r['decode_tps']:6.1f} tok/s  tokens/forward {r['tpf']:.2f}", file=sys.stderr)
+    finally:
+        plain.stop()
+        spec.stop()
+
+    for name in WORKLOADS:
+        assert best[(name, "plain")]["text"] == best[(name, "lookup")]["text"], f"{name}: outputs differ"
+        assert best[(name, "plain")]["text"] == best[(name, "opt-out")]["text"], f"{name}: outputs differ"
+    print(f"SmolLM2-135M-Instruct, greedy, {args.max_tokens} tokens, best of {args.repeats}, one client; "
+          f"lookup block {args.block or 'default'}. Outputs identical across arms.\n")
+    print(f"| workload | arm | tokens | tokens/forward | rounds | accepted/drafted | decode tok/s | wall tok/s "
+          f"| wall vs plain |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in WORKLOADS:
+        base = best[(name, "plain")]["wall_tps"]
+        for arm in ARMS:
+            r = best[(name, arm)]
+            print(f"| {name} | {arm} | {r['n']} | {r['tpf']:.2f} | {r['rounds']} | {r['accepted']}/{r['drafted']} "
+                  f"| {r['decode_tps']:.1f} | {r['wall_tps']:.1f} | {r['wall_tps'] / base:.2f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
