@@ -1,5 +1,5 @@
-"""Forward passes for the server's continuous batching: chunked single-sequence prefill, and one
-batched decode step over every active row.
+"""Forward passes for the server's continuous batching: one prefill chunk of a single sequence, and
+one batched decode step over every active row. (Cache length and rewind: ``kv_cache``.)
 
 Each sequence owns an ordinary per-layer cache (``LoadedModel.make_cache()``) while its prompt is
 prefilled; that cache is what the server keeps per slot for prompt-prefix reuse. When a sequence
@@ -45,45 +45,6 @@ def forward_chunk(model, tokens: Sequence[int], cache: list[Any]) -> mx.array:
     logits = _last_position_logits(model, mx.array(list(tokens), dtype=mx.int32)[None], cache)
     mx.eval(logits, [c.state for c in cache])
     return logits
-
-
-def prefill(model, tokens: Sequence[int], cache: list[Any], step: int = 512) -> mx.array:
-    """Feed a whole prompt in chunks of ``step`` tokens; the logits of its last position."""
-    if not tokens:
-        raise ValueError("prefill needs at least one token")
-    logits = None
-    for start in range(0, len(tokens), step):
-        logits = forward_chunk(model, tokens[start:start + step], cache)
-    return logits
-
-
-def cache_length(cache: list[Any]) -> int:
-    """Tokens held by a single-sequence cache (its first layer's offset)."""
-    if not cache:
-        return 0
-    offset = cache[0].offset
-    return int(offset if isinstance(offset, int) else offset.item())
-
-
-def can_trim(cache: list[Any], n: int) -> bool:
-    """Whether every layer can drop its last ``n`` tokens exactly."""
-    if n <= 0:
-        return True
-    for c in cache:
-        if not c.is_trimmable():
-            return False
-        # A rotating (sliding-window) cache that has wrapped cannot rewind exactly.
-        max_size = getattr(c, "max_size", None)
-        if max_size is not None and cache_length([c]) > max_size:
-            return False
-    return True
-
-
-def trim(cache: list[Any], n: int) -> None:
-    """Drop the last ``n`` tokens from every layer (``can_trim`` must hold)."""
-    if n > 0:
-        for c in cache:
-            c.trim(n)
 
 
 class DecodeBatch:

@@ -234,6 +234,8 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
 
             settings = resolve(config)
             speculation = Speculation.load(settings, loaded) if settings is not None else None
+            if settings is not None:
+                state.defaults.speculative_types = f"none,{settings.spec_type}"
             scheduler = Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, n_batch=config.batch_size,
                                   n_ubatch=config.ubatch_size, metrics=state.metrics,
                                   slot_prompt_similarity=config.slot_prompt_similarity, speculation=speculation)
@@ -346,7 +348,8 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
         if not state.config.slots:
             raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
         default = state.default_options()
-        return JsonResponse([model_info.slot_json(s, default) for s in state.scheduler.slots])
+        return JsonResponse([model_info.slot_json(s, default, state.scheduler.speculation is not None)
+                             for s in state.scheduler.slots])
 
     @router.post("/slots/{id_slot}")
     async def slot_action(id_slot: str):

@@ -89,8 +89,8 @@ def models(state) -> dict:
     }
 
 
-def slot_json(slot: Slot, default: GenerationOptions) -> dict:
-    body = {"id": slot.id, "n_ctx": slot.n_ctx, "speculative": False, "is_processing": slot.busy}
+def slot_json(slot: Slot, default: GenerationOptions, speculative: bool = False) -> dict:
+    body = {"id": slot.id, "n_ctx": slot.n_ctx, "speculative": speculative, "is_processing": slot.busy}
     run = slot.run
     if run is not None:
         info = {"id_task": run.task.id, "n_prompt_tokens": len(run.prompt),

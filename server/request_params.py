@@ -41,6 +41,8 @@ class ServerDefaults:
     samplers: list[str] = field(default_factory=lambda: list(DEFAULT_SAMPLERS))
     cache_prompt: bool = True
     n_slots: int = 4
+    # upstream's generation_settings["speculative.types"]: "none", or "none,<spec type>" on a drafting server
+    speculative_types: str = "none"
 
 
 def _sampler_fields() -> set[str]:
@@ -219,5 +221,6 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         samplers=samplers if samplers is not None else list(defaults.samplers),
         spec_n_max=req.speculative_n_max,
         spec_n_min=req.speculative_n_min,
+        speculative_types=defaults.speculative_types,
         echo=echo,
     )

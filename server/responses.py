@@ -97,7 +97,7 @@ def generation_settings(opts: GenerationOptions) -> dict:
         "reasoning_in_content": False,
         "generation_prompt": "",
         "samplers": list(opts.samplers),
-        "speculative.types": "none",
+        "speculative.types": opts.speculative_types,
         "timings_per_token": opts.timings_per_token,
         "post_sampling_probs": opts.post_sampling_probs,
         "backend_sampling": False,

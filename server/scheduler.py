@@ -35,7 +35,8 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 
-from ..engine.batch_decode import DecodeBatch, cache_length, can_trim, forward_chunk, trim
+from ..engine.batch_decode import DecodeBatch, forward_chunk
+from ..engine.kv_cache import cache_length, can_rewind, rewind
 from ..engine.loaded_model import LoadedModel
 from ..engine.random_keys import resolve_seed
 from ..engine.sampler_chain import SamplerChain
@@ -177,10 +178,10 @@ class Scheduler:
         prompt = task.prompt_tokens
         reuse = common_prefix(slot.tokens, prompt) if task.options.cache_prompt else 0
         reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, for its logits
-        if slot.cache is None or not can_trim(slot.cache, len(slot.tokens) - reuse):
+        if slot.cache is None or not can_rewind(slot.cache, len(slot.tokens) - reuse):
             slot.cache, slot.tokens, reuse = self.lm.make_cache(), [], 0
         else:
-            trim(slot.cache, len(slot.tokens) - reuse)
+            rewind(slot.cache, len(slot.tokens) - reuse)
             slot.tokens = slot.tokens[:reuse]
         params = task.options.sampler
         chain = SamplerChain(params, vocab_size=self.vocab_size, eos_token_ids=self.eos_ids,
@@ -214,7 +215,7 @@ class Scheduler:
                 if run.done:
                     self._release(slot)
                 elif self.speculation is not None and self.speculation.eligible(run.opts) \
-                        and can_trim(slot.cache, 1):
+                        and can_rewind(slot.cache, 1):
                     # a speculating row keeps its own cache (see the module docstring)
                     run.spec = self.speculation.start_row(run.opts, run.prompt + run.generated, run.seed,
                                                           self.vocab_size, self.n_ubatch)
@@ -288,8 +289,8 @@ class Scheduler:
         if slot.cache is not None and run.spec is not None:
             # a verify round may have forwarded tokens past where the request stopped
             extra = cache_length(slot.cache) - len(slot.tokens)
-            if extra > 0 and can_trim(slot.cache, extra):
-                trim(slot.cache, extra)
+            if extra > 0 and can_rewind(slot.cache, extra):
+                rewind(slot.cache, extra)
             elif extra != 0:
                 slot.cache, slot.tokens = None, []
         slot.run = None
