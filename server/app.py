@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -62,6 +63,15 @@ class ServerState:
     def default_options(self) -> GenerationOptions:
         d = self.defaults
         return GenerationOptions(sampler=d.sampler, seed=d.seed, n_predict=d.n_predict, samplers=list(d.samplers))
+
+
+def max_queue() -> int:
+    """How many accepted requests may wait for a slot before new ones get 503 (upstream has no flag
+    for this; ``MLXCEL_MAX_QUEUE`` sets it, default 256)."""
+    try:
+        return max(1, int(os.environ.get("MLXCEL_MAX_QUEUE", "256")))
+    except ValueError:
+        return 256
 
 
 def build_defaults(config: ServerConfig, loaded) -> ServerDefaults:
@@ -237,7 +247,7 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
             if settings is not None:
                 state.defaults.speculative_types = f"none,{settings.spec_type}"
             scheduler = Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, n_batch=config.batch_size,
-                                  n_ubatch=config.ubatch_size, metrics=state.metrics,
+                                  n_ubatch=config.ubatch_size, metrics=state.metrics, max_queue=max_queue(),
                                   slot_prompt_similarity=config.slot_prompt_similarity, speculation=speculation)
             scheduler.start()
             state.scheduler = scheduler
