@@ -8,6 +8,10 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 # Extras: `test` for the suite; `reference` adds transformers' GGUF reader (torch, CPU) for the loader tests.
 EXTRAS=${EXTRAS:-test}
+# MLX's backend on Linux: cpu (default), cuda12 or cuda13. macOS uses Metal and needs none.
+if [ "$(uname -s)" = "Linux" ]; then
+  EXTRAS="${MLXCEL_BACKEND:-cpu},$EXTRAS"
+fi
 
 if [ "$(uname -s)" = "Linux" ] && [ ! -e /usr/lib/x86_64-linux-gnu/libopenblas.so.0 ] && [ ! -e /usr/lib/aarch64-linux-gnu/libopenblas.so.0 ]; then
   # MLX's Linux CPU wheel bundles the reference BLAS; OpenBLAS makes f32 matmuls ~20-30x faster.
