@@ -158,6 +158,32 @@ def format_summary(last) -> str:
             f"peak memory: {last.peak_memory_gb:.2f} GB")
 
 
+class TextOut:
+    """Writes generated tokens' text to ``out`` as it becomes printable (the tokenizer's streaming
+    detokenizer holds back incomplete characters). Tokens in ``skip`` (end-of-generation tokens,
+    unless ``--ignore-eos``) are not text."""
+
+    def __init__(self, tokenizer, out, skip=frozenset()):
+        self.detok = tokenizer.detokenizer
+        self.detok.reset()
+        self.out = out
+        self.skip = skip
+
+    def add(self, tokens) -> None:
+        for token in tokens:
+            if token not in self.skip:
+                self.detok.add_token(token)
+        segment = self.detok.last_segment  # reading it consumes it
+        if segment:
+            self.out.write(segment)
+            self.out.flush()
+
+    def close(self) -> None:
+        self.detok.finalize()
+        self.out.write(self.detok.last_segment + "\n")
+        self.out.flush()
+
+
 def stream_plain(loaded, prompt: list[int], params, args: argparse.Namespace, out=None):
     """The plain decode path: write each token's text as it is generated; return the last
     ``DecodeStep`` (None when nothing was generated)."""
@@ -167,24 +193,14 @@ def stream_plain(loaded, prompt: list[int], params, args: argparse.Namespace, ou
     out = out or sys.stdout
     chain = SamplerChain(params, vocab_size=loaded.vocab_size, eos_token_ids=loaded.eos_token_ids,
                          tokenizer=loaded.tokenizer)
-    eos = loaded.eos_token_ids
-    detok = loaded.tokenizer.detokenizer
-    detok.reset()
+    text = TextOut(loaded.tokenizer, out, set() if params.ignore_eos else loaded.eos_token_ids)
     last = None
     for step in generate_tokens(loaded.model, prompt, chain, cache=make_cache(loaded, args),
                                 max_tokens=max_new_tokens(args, loaded, len(prompt)), seed=params.seed,
                                 prefill_step=args.prefill_step):
         last = step
-        if step.token in eos and not params.ignore_eos:
-            continue
-        detok.add_token(step.token)
-        segment = detok.last_segment  # reading it consumes it
-        if segment:
-            out.write(segment)
-            out.flush()
-    detok.finalize()
-    out.write(detok.last_segment + "\n")
-    out.flush()
+        text.add([step.token])
+    text.close()
     return last
 
 

@@ -124,30 +124,21 @@ def run_speculative(args: argparse.Namespace, loaded, prompt: list[int], params,
     from mlxcel.engine.acceptance_report import report_lines
     from mlxcel.engine.speculative import SpeculativeCounters, diagnostics_enabled, speculative_generate
 
-    from .generate_command import format_summary, max_new_tokens
+    from .generate_command import TextOut, format_summary, max_new_tokens
 
     out = out or sys.stdout
     drafter = load_drafter(args, loaded)
     diagnostics = diagnostics_enabled()
     counters = SpeculativeCounters(rule="")
-    eos = set() if params.ignore_eos else loaded.eos_token_ids
-    detok = loaded.tokenizer.detokenizer
-    detok.reset()
+    text = TextOut(loaded.tokenizer, out, set() if params.ignore_eos else loaded.eos_token_ids)
     last = None
     for step in speculative_generate(loaded, drafter, prompt, params,
                                      max_tokens=max_new_tokens(args, loaded, len(prompt)),
                                      num_draft_tokens=args.num_draft_tokens, counters=counters,
                                      diagnostics=diagnostics, prefill_step=args.prefill_step):
         last = step
-        for token in step.tokens:
-            if token not in eos:
-                detok.add_token(token)
-        segment = detok.last_segment  # reading it consumes it
-        if segment:
-            out.write(segment)
-            out.flush()
-    detok.finalize()
-    out.write(detok.last_segment + "\n")
+        text.add(step.tokens)
+    text.close()
     if last is None:
         out.write(f"[Performance] prompt: {len(prompt)} tokens | generation: 0 tokens\n")
     else:
