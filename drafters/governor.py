@@ -47,6 +47,7 @@ from mlxcel.engine.sampling_params import SamplerParams
 from .prompt_lookup import NgramIndex, PromptLookupCounters, PromptLookupDrafter
 
 FLOOR = 4.0
+BLOCK_START = 8  # the server drafter's first block length; it doubles after a fully accepted block
 EMA_ALPHA = 0.5
 MIN_ROUNDS = 2
 SHADOW_RESUME_TOKENS = 7
@@ -104,16 +105,28 @@ class LookupGovernor:
 
 class GovernedPromptLookupDrafter(PromptLookupDrafter):
     """Prompt lookup as the server runs it: the CLI drafter's lookup, with the governor deciding
-    when to propose, and ``n_min`` retracting blocks too short to be worth a verify forward."""
+    when to propose, and ``n_min`` retracting blocks too short to be worth a verify forward.
+
+    Block growth: the drafter proposes at most ``block_start`` tokens at first; each block the
+    target accepts in full doubles that cap (the round's ``k``, from ``--spec-ngram-simple-size-m``,
+    still bounds it), and any rejection, pause or resume sets it back to ``block_start``. A verbatim
+    copy thus runs in a few wide rounds instead of many 8-token ones, while text that is only
+    partly copied never pays for a wide block it has not earned. Replayed on the bench workloads
+    (``scripts/trace_prompt_lookup.py``) this never lowered tokens per forward, and doubled it on
+    the paragraph rewrite. It changes only how many tokens are proposed, never which tokens are
+    emitted, and the governor still sees every verified round as before."""
 
     kind = "prompt-lookup"
 
-    def __init__(self, ngram_min: int = 1, ngram_max: int = 3, *, n_min: int = 0, adaptive: bool = True):
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 3, *, n_min: int = 0, adaptive: bool = True,
+                 block_start: int | None = None):
         super().__init__(ngram_min, ngram_max)
         self.n_min = max(0, n_min)
         self.governor = LookupGovernor(adaptive=adaptive)
         self.retracted = 0
         self._shadowed = False
+        self.block_start = max(1, self.n_min, BLOCK_START if block_start is None else block_start)
+        self.block_cap = self.block_start
 
     def start(self, sequence: Sequence[int], params: SamplerParams, seed: int) -> None:
         self.index.reset()
@@ -121,6 +134,7 @@ class GovernedPromptLookupDrafter(PromptLookupDrafter):
         self.shadow = []
         self._shadowed = False
         self.retracted = 0
+        self.block_cap = self.block_start
         self.counters = PromptLookupCounters()
 
     @property
@@ -128,7 +142,7 @@ class GovernedPromptLookupDrafter(PromptLookupDrafter):
         return self.governor.paused
 
     def propose(self, sequence: Sequence[int], k: int) -> Proposal:
-        found = self.index.continuation(sequence, k)
+        found = self.index.continuation(sequence, min(k, self.block_cap))
         if self.governor.paused:
             self.counters.shadow_lookups += 1
             self.shadow = found
@@ -150,6 +164,8 @@ class GovernedPromptLookupDrafter(PromptLookupDrafter):
             self.governor.record_round(accepted)
             if self.governor.paused and not was_paused:
                 self.counters.pauses += 1
+            full = accepted == len(proposal.tokens) and not self.governor.paused
+            self.block_cap = self.block_cap * 2 if full else self.block_start
             return
         if not self.governor.paused or not self._shadowed:
             return  # a gated-out step made no shadow lookup: no evidence either way
@@ -162,7 +178,8 @@ class GovernedPromptLookupDrafter(PromptLookupDrafter):
         self.governor.record_shadow(hit)
         if not self.governor.paused:
             self.counters.resumes += 1
+            self.block_cap = self.block_start
 
 
-__all__ = ["FLOOR", "EMA_ALPHA", "MIN_ROUNDS", "SHADOW_RESUME_TOKENS", "LookupGovernor",
+__all__ = ["FLOOR", "BLOCK_START", "EMA_ALPHA", "MIN_ROUNDS", "SHADOW_RESUME_TOKENS", "LookupGovernor",
            "GovernedPromptLookupDrafter", "NgramIndex"]

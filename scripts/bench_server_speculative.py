@@ -53,14 +53,74 @@ def cheapest(items):
             best = item
     return best
 '''
+RENAME_CODE = '''def load_users(path):
+    users = []
+    with open(path) as f:
+        for line in f:
+            name, age = line.strip().split(",")
+            users.append({"name": name, "age": int(age)})
+    return users
+
+
+def oldest(users):
+    return max(users, key=lambda u: u["age"])
+'''
+HINTS_CODE = '''def average(values):
+    if not values:
+        return 0.0
+    return sum(values) / len(values)
+
+
+def scale(values, factor):
+    return [v * factor for v in values]
+
+
+def clamp(value, low, high):
+    return max(low, min(high, value))
+'''
+BUG_CODE = '''def find_index(items, target):
+    for i in range(len(items) - 1):
+        if items[i] == target:
+            return i
+    return -1
+
+
+def count_words(text):
+    counts = {}
+    for word in text.split():
+        counts[word] = counts.get(word, 0) + 1
+    return counts
+'''
+LOOP_CODE = '''def squares_of_evens(numbers):
+    result = []
+    for n in numbers:
+        if n % 2 == 0:
+            result.append(n * n)
+    return result
+
+
+def names_upper(people):
+    result = []
+    for person in people:
+        result.append(person["name"].upper())
+    return result
+'''
 WORKLOADS = {
     "edit-paragraph": f"Rewrite the following paragraph exactly as it is, changing only 'lighthouse' to "
                       f"'tower':\n\n{PARAGRAPH}",
     "edit-code": f"Copy this Python code exactly, adding a comment line '# prices' at the top:\n\n{CODE}",
+    "code-rename": f"Rename the function `load_users` to `read_users` in this Python code and show the whole "
+                   f"updated code:\n\n{RENAME_CODE}",
+    "code-hints": f"Add type hints to every function in this Python code and show the whole updated code:\n\n"
+                  f"{HINTS_CODE}",
+    "code-fixbug": f"`find_index` never checks the last item. Fix the bug and show the whole corrected code:\n\n"
+                   f"{BUG_CODE}",
+    "code-loops": f"Rewrite both loops in this Python code as list comprehensions and show the whole updated "
+                  f"code:\n\n{LOOP_CODE}",
     "prose-story": "Write a short story about a robot who learns to paint.",
     "prose-explain": "Explain how a rainbow forms, step by step.",
 }
-EDIT = ("edit-paragraph", "edit-code")
+EDIT = tuple(name for name in WORKLOADS if not name.startswith("prose"))
 ARMS = ("plain", "lookup", "opt-out")
 
 

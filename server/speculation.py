@@ -7,8 +7,10 @@ Command line (upstream's flags, plus two mlxcel extensions):
   The other n-gram types (``ngram-map-k``, ``ngram-map-k4v``, ``ngram-mod``, ``ngram-cache``) are
   served by the same prompt lookup: every rule here is lossless, so the choice of proposer can only
   change speed, never output, and refusing them would break working command lines for nothing.
-  Block length: ``--spec-ngram-simple-size-m`` (default :data:`LOOKUP_BLOCK`, not upstream's 48: a
-  48-token verify forward is expensive where the forward is compute-bound); longest n-gram matched:
+  Block length: ``--spec-ngram-simple-size-m`` is the most a block may grow to (default
+  :data:`LOOKUP_BLOCK`, not upstream's 48: a 48-token verify forward is expensive where the forward
+  is compute-bound). Blocks start at 8 tokens and double after each fully accepted block, back to 8
+  on any rejection (``drafters.governor.GovernedPromptLookupDrafter``); longest n-gram matched:
   ``--spec-ngram-simple-size-n`` (default 3; shorter suffixes are tried after it, down to 1).
 * ``-md/--spec-draft-model FILE`` (``--spec-type draft-simple``): a classic draft model sharing the
   target's vocabulary, ``--spec-draft-n-max`` tokens per round (default 3, as upstream).
@@ -57,7 +59,7 @@ MODEL_BASED_KINDS = ("dflash", "dspark", "muse-glimmer", "mtp", "internal-mtp")
 SPEC_TYPES = ("none", "draft-simple", *MODEL_BASED_TYPES, *NGRAM_TYPES)
 
 DRAFT_N_MAX = 3  # upstream's --spec-draft-n-max default
-LOOKUP_BLOCK = 8
+LOOKUP_BLOCK = 32  # the cap; blocks start at governor.BLOCK_START (8) and grow while fully accepted
 LOOKUP_NGRAM_MAX = 3
 LOOKUP_NGRAM_MIN = 1
 

@@ -144,3 +144,34 @@ def test_paused_rows_observe_emitted_tokens_through_shadow_lookups():
     assert not d.is_paused and d.counters.resumes == 1
     assert d.counters.shadow_hits == SHADOW_RESUME_TOKENS
     assert d.propose(s, 3).tokens  # verifying again
+
+
+def test_server_blocks_start_at_block_start_double_while_fully_accepted_and_reset_on_rejection():
+    d = GovernedPromptLookupDrafter(1, 3, block_start=2)
+    d.start([1], SamplerParams(), 0)
+    seq = list(range(40)) + [0]  # "0" recurs: the continuation copies 1, 2, 3, ...
+    lengths = []
+    for accept_all in (True, True, True, False, True):
+        p = d.propose(seq, 32)
+        lengths.append(len(p.tokens))
+        assert p.tokens == seq[1: 1 + len(p.tokens)]
+        accepted = len(p.tokens) if accept_all else 1
+        d.observe([*seq, *p.tokens[:accepted], 99], p, accepted)  # the state only counts lengths
+    assert lengths == [2, 4, 8, 16, 2]  # doubled after each full block, back to 2 after a partial one
+    # the round's k still bounds the block, and the cap never drops below n_min
+    fresh = GovernedPromptLookupDrafter(1, 3, block_start=8)
+    fresh.start([1], SamplerParams(), 0)
+    assert len(fresh.propose(seq, 3).tokens) == 3
+    assert GovernedPromptLookupDrafter(1, 3, n_min=5, block_start=2).block_start == 5
+
+
+def test_block_cap_resets_when_the_row_pauses():
+    d = GovernedPromptLookupDrafter(1, 3, block_start=2)
+    d.start([1], SamplerParams(), 0)
+    seq = list(range(40)) + [0]
+    p = d.propose(seq, 32)
+    d.observe([*seq, *p.tokens], p, len(p.tokens))  # yield 3: low, but only one round
+    assert d.block_cap == 4 and not d.is_paused
+    p = d.propose(seq, 32)
+    d.observe([*seq, 99], p, 0)  # second low round, EMA under the floor: paused
+    assert d.is_paused and d.block_cap == 2
