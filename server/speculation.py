@@ -185,7 +185,7 @@ class Speculation:
         for note in settings.notes:
             log.warning("%s", note)
         if settings.kind != DRAFT_MODEL:
-            log.info("Drafter ready: prompt-lookup (block %d, n-gram %d..%d, adaptive %s)", settings.n_max,
+            log.info("Drafter ready: prompt-lookup (block 8 growing to %d, n-gram %d..%d, adaptive %s)", settings.n_max,
                      settings.ngram_min, settings.ngram_max, settings.adaptive)
             return cls(settings)
         from ..engine.loading import load_model
