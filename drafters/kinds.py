@@ -25,6 +25,10 @@ DRAFTER_KINDS = ("dflash", "dspark", "muse-glimmer", "mtp", "internal-mtp", "pro
 DEFAULT_DRAFTER_KIND = "dflash"
 DEFAULT_BLOCK_SIZE = 16
 SERVER_COMMAND = "mlxcel-server"
+# The kinds mlxcel-server runs today; the model-based round loops (dflash, dspark, muse-glimmer, mtp)
+# are recognised everywhere but not served yet.
+SERVER_KINDS = ("prompt-lookup", "draft-model")
+NOT_YET_SERVED = "; mlxcel-server does not run that round loop yet either"
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ def refuse_drafter_only_checkpoint(path: str | Path, config: dict | None = None)
         raise MlxcelError(
             f"{path} is a {family} drafter checkpoint: it has no embeddings or LM head of its own and "
             f"borrows the target's, so mlxcel generate cannot run it as a draft model. "
-            f"Serve it with {SERVER_COMMAND} (which drives the {family} round loop) instead."
+            f"A {family} drafter runs in {SERVER_COMMAND}'s {family} round loop instead{NOT_YET_SERVED}."
         )
 
 
@@ -81,8 +85,9 @@ def auto_detected_kind_lines(resolved: ResolvedKind) -> list[str]:
 def explicit_kind_error(kind: str) -> MlxcelError:
     """``--draft-kind`` given to ``mlxcel generate``: refused, with the reason."""
     hint = " (for prompt lookup use --prompt-lookup)" if kind == "prompt-lookup" else ""
+    served = "" if kind in SERVER_KINDS else NOT_YET_SERVED
     return MlxcelError(
         f"--draft-kind {kind}: mlxcel generate does not construct kind-specific round loops; it runs only "
-        f"the classic draft-model path (--draft-model){hint}. Use {SERVER_COMMAND} --draft-kind {kind} "
-        "for that round loop, or drop --draft-kind."
+        f"the classic draft-model path (--draft-model){hint}. Kind-specific round loops belong to "
+        f"{SERVER_COMMAND} --draft-kind {kind}{served}; or drop --draft-kind."
     )

@@ -111,7 +111,7 @@ def load_mlx_dir(path: Path) -> LoadedModel:
     if kind is not None:
         raise ModelLoadError(
             f"{path} is a {kind} drafter checkpoint, not a standalone model: it borrows the target's "
-            "embeddings and head. Serve it as a drafter with mlxcel-server."
+            "embeddings and head. Such drafters run in mlxcel-server's drafter round loops (not implemented yet)."
         )
     try:
         model, tokenizer = mlx_lm_load(str(path))
