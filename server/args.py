@@ -10,6 +10,7 @@ import argparse
 import logging
 from dataclasses import dataclass, field
 
+from ..engine.sampling_params import SamplerParams
 from .flag_table import EXTENSIONS, FLAGS, Flag
 
 log = logging.getLogger(__name__)
@@ -19,6 +20,10 @@ _TYPES = {"str": str, "int": int, "float": float}
 
 class ArgumentError(Exception):
     """A bad command line: the message is shown as ``error: ...`` without a traceback."""
+
+
+# The sampler flags' defaults are the engine's (llama-server's) defaults, stated once.
+_SAMPLER = SamplerParams()
 
 
 @dataclass
@@ -38,21 +43,21 @@ class ServerConfig:
     hf_token: str | None = None
     offline: bool = False
     seed: int = -1
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    typical_p: float = 1.0
-    xtc_probability: float = 0.0
-    xtc_threshold: float = 0.1
-    repeat_last_n: int = 64
-    repeat_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    dry_multiplier: float = 0.0
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64
+    temperature: float = _SAMPLER.temperature
+    top_k: int = _SAMPLER.top_k
+    top_p: float = _SAMPLER.top_p
+    min_p: float = _SAMPLER.min_p
+    typical_p: float = _SAMPLER.typical_p
+    xtc_probability: float = _SAMPLER.xtc_probability
+    xtc_threshold: float = _SAMPLER.xtc_threshold
+    repeat_last_n: int = _SAMPLER.repeat_last_n
+    repeat_penalty: float = _SAMPLER.repeat_penalty
+    presence_penalty: float = _SAMPLER.presence_penalty
+    frequency_penalty: float = _SAMPLER.frequency_penalty
+    dry_multiplier: float = _SAMPLER.dry_multiplier
+    dry_base: float = _SAMPLER.dry_base
+    dry_allowed_length: int = _SAMPLER.dry_allowed_length
+    dry_penalty_last_n: int = _SAMPLER.dry_penalty_last_n
     dry_sequence_breaker: list[str] | None = None
     ignore_eos: bool = False
     logit_bias: list[str] | None = None
