@@ -447,13 +447,17 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
 
     # -- native completion ----------------------------------------------------------------------
 
-    async def native_completion(request: Request):
-        t0 = time.perf_counter()
+    async def completion_request(request: Request) -> tuple[CompletionRequest, list[list[int]]]:
+        """A completion body, validated, and its prompt(s) as token lists."""
         body = await _body(request)
         req = validate(CompletionRequest, body)
         if "prompt" not in body:
             raise invalid("key 'prompt' not found")
-        prompts = [prompt_tokens(p) for p in split_prompts(req.prompt)]
+        return req, [prompt_tokens(p) for p in split_prompts(req.prompt)]
+
+    async def native_completion(request: Request):
+        t0 = time.perf_counter()
+        req, prompts = await completion_request(request)
         n = n_choices(req.n_cmpl, "n_cmpl")
         n_predict = req.n_predict if req.n_predict is not None else req.max_tokens
         opts = generation_options(req, state.defaults, state.loaded, n_predict=n_predict, n_probs=req.n_probs or 0)
@@ -496,11 +500,7 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
     @router.post("/v1/completions")
     async def oai_completions(request: Request):
         t0 = time.perf_counter()
-        body = await _body(request)
-        req = validate(CompletionRequest, body)
-        if "prompt" not in body:
-            raise invalid("key 'prompt' not found")
-        prompts = [prompt_tokens(p) for p in split_prompts(req.prompt)]
+        req, prompts = await completion_request(request)
         n = n_choices(req.n, "n")
         n_predict = req.max_tokens if req.max_tokens is not None else req.n_predict
         logprobs = req.logprobs
