@@ -147,17 +147,20 @@ class SamplerChain:
 
     def token_probs(self, logits: mx.array, tokens: Sequence[int], n: int, *, post_sampling: bool,
                     history: Sequence[int] = (), appended: Sequence[int] = (), seed: int = 0,
-                    first_position: int = 0) -> list[TokenProbs]:
+                    first_position: int = 0, log_probs: bool = False) -> list[TokenProbs]:
         """Per row: the probability of ``tokens[i]`` and the top ``n`` tokens.
 
         ``post_sampling=False`` (llama-server's default) reports the model's raw distribution,
-        ``softmax(logits)`` with no bias, penalty, filter or temperature; ``post_sampling=True``
-        reports the effective distribution p and lists only tokens p keeps."""
+        ``softmax(logits)`` with no bias, penalty, filter or temperature (as log-probabilities with
+        ``log_probs``, computed in the log domain so tiny probabilities do not underflow);
+        ``post_sampling=True`` reports the effective distribution p and lists only tokens p keeps."""
         x = logits.astype(mx.float32)
         if x.ndim == 1:
             x = x[None]
         if post_sampling:
             probs = self.distribution(x, history, appended, seed, first_position)
+        elif log_probs:
+            probs = x - mx.logsumexp(x, axis=-1, keepdims=True)
         else:
             probs = mx.softmax(x, axis=-1, precise=True)
         rows = probs.shape[0]

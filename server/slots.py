@@ -131,21 +131,12 @@ class SlotRun:
         return int(token)
 
     def _token_probs(self, row: mx.array, history: list[int], token: int) -> TokenProb:
-        n = self.opts.n_probs
-        if self.opts.post_sampling_probs:
-            p = self.chain.distribution(row, history, seed=self.seed, first_position=len(history))[0]
-            values = p
-        else:
-            values = row[0].astype(mx.float32)
-            values = values - mx.logsumexp(values)
-        n = min(n, values.shape[-1])
-        top = mx.argsort(-values)[:n]
-        mx.eval(top, values)
-        top_ids = top.tolist()
-        top_vals = values[top].tolist()
-        own = float(values[token].item())
-        pairs = [(i, v) for i, v in zip(top_ids, top_vals) if not (self.opts.post_sampling_probs and v <= 0.0)]
-        return TokenProb(id=token, value=own, top=pairs)
+        """What ``n_probs`` reports for this position: log-probabilities of the raw distribution,
+        or probabilities of the effective one with ``post_sampling_probs``."""
+        post = self.opts.post_sampling_probs
+        (probs,) = self.chain.token_probs(row, [token], self.opts.n_probs, post_sampling=post, log_probs=not post,
+                                          history=history, seed=self.seed, first_position=len(history))
+        return TokenProb(id=token, value=probs.prob, top=probs.top)
 
     def accept(self, token: int, now: float) -> None:
         """Record a sampled token: update text, check EOS / stop strings / limits, stream what is

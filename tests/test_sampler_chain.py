@@ -188,6 +188,7 @@ def test_token_probs_pre_and_post_sampling():
     tokens = chain.select(x, history, appended, seed=4, first_position=20)
     pre = chain.token_probs(x, tokens, 5, post_sampling=False, history=history, appended=appended, seed=4, first_position=20)
     post = chain.token_probs(x, tokens, 5, post_sampling=True, history=history, appended=appended, seed=4, first_position=20)
+    logs = chain.token_probs(x, tokens, 5, post_sampling=False, log_probs=True)
     p = np.array(chain.distribution(x, history, appended, seed=4, first_position=20))
     for i in range(2):
         raw = np.exp(logits[i] - logits[i].max())
@@ -196,6 +197,9 @@ def test_token_probs_pre_and_post_sampling():
         assert [t for t, _ in pre[i].top] == order.tolist()
         np.testing.assert_allclose([q for _, q in pre[i].top], raw[order], atol=1e-6)
         np.testing.assert_allclose(pre[i].prob, raw[tokens[i]], atol=1e-6)
+        assert [t for t, _ in logs[i].top] == order.tolist()
+        np.testing.assert_allclose([v for _, v in logs[i].top], np.log(raw[order]), atol=1e-5)
+        np.testing.assert_allclose(logs[i].prob, np.log(raw[tokens[i]]), atol=1e-5)
         assert len(post[i].top) == 3  # only what p keeps
         assert [t for t, _ in post[i].top] == np.lexsort((np.arange(V), -p[i]))[:3].tolist()
         assert post[i].prob == pytest.approx(float(p[i, tokens[i]]), abs=1e-7) and post[i].prob > 0
