@@ -91,7 +91,6 @@ class SamplerChain:
         x = logits.astype(mx.float32)
         if x.ndim == 1:
             x = x[None]
-        rows = x.shape[0]
         if self._bias is not None:
             ids, vals = self._bias
             x = x.at[:, ids].add(vals)

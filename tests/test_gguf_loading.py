@@ -100,11 +100,7 @@ def test_skipping_the_qk_unpermute_changes_the_model(gguf_root, tiny_llama_dir):
     gguf_path = tiny_gguf.write_gguf(tiny_llama_dir, gguf_root / "llama-perm.gguf")
     loaded = load_model(gguf_path)
     good = _logits(loaded)
-    cfg = loaded.config
-    for layer in loaded.model.layers:
-        attn = layer.self_attn
-        attn.q_proj.weight = mx.array(tiny_gguf.llama_permute(np.array(attn.q_proj.weight), cfg["num_attention_heads"]))
-        attn.k_proj.weight = mx.array(tiny_gguf.llama_permute(np.array(attn.k_proj.weight), cfg["num_key_value_heads"]))
+    tiny_gguf.permute_qk_in_place(loaded.model, loaded.config)
     assert mx.abs(_logits(loaded) - good).max().item() > 1e-2
 
 

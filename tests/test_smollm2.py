@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import mlx.core as mx
-import numpy as np
 import pytest
 
 import tiny_gguf
@@ -74,10 +73,6 @@ def test_perplexity_catches_a_wrong_qk_permutation(smollm2, monkeypatch):
     # The same weights with q/k rows left in llama.cpp's order (what skipping the unpermute gives).
     monkeypatch.setenv("MLXCEL_WEIGHTS", "float32")  # plain layers, whose rows we can reorder
     wrong = load_model(None)
-    cfg = wrong.config
-    for layer in wrong.model.layers:
-        attn = layer.self_attn
-        attn.q_proj.weight = mx.array(tiny_gguf.llama_permute(np.array(attn.q_proj.weight), cfg["num_attention_heads"]))
-        attn.k_proj.weight = mx.array(tiny_gguf.llama_permute(np.array(attn.k_proj.weight), cfg["num_key_value_heads"]))
+    tiny_gguf.permute_qk_in_place(wrong.model, wrong.config)
     bad = perplexity(wrong.model, ids)
     assert bad > 2 * good, (good, bad)  # measured ~34

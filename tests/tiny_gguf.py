@@ -81,6 +81,15 @@ def llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def permute_qk_in_place(model, config: dict) -> None:
+    """Put a loaded llama model's q/k rows back into llama.cpp's order: what a loader that skips
+    the un-permutation would produce (the tests show that such a model is measurably wrong)."""
+    for layer in model.layers:
+        attn = layer.self_attn
+        attn.q_proj.weight = mx.array(llama_permute(np.array(attn.q_proj.weight), config["num_attention_heads"]))
+        attn.k_proj.weight = mx.array(llama_permute(np.array(attn.k_proj.weight), config["num_key_value_heads"]))
+
+
 def random_kquant_blocks(rows: int, cols: int, qtype: Q, rng: np.random.Generator) -> np.ndarray:
     """Well-formed random Q4_K / Q6_K blocks for a ``rows x cols`` matrix, as raw bytes."""
     block, size = GGML_QUANT_SIZES[qtype]
