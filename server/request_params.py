@@ -49,6 +49,18 @@ def _sampler_fields() -> set[str]:
     return {f.name for f in dataclasses.fields(SamplerParams)}
 
 
+# A stage left out of ``samplers`` runs with the parameter values that make it a no-op.
+STAGE_OFF = {
+    "penalties": {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+    "dry": {"dry_multiplier": 0.0},
+    "top_k": {"top_k": 0},
+    "typ_p": {"typical_p": 1.0},
+    "top_p": {"top_p": 1.0},
+    "min_p": {"min_p": 0.0},
+    "xtc": {"xtc_probability": 0.0},
+}
+
+
 def parse_samplers(value: str | list[str] | None) -> list[str] | None:
     if value is None:
         return None
@@ -76,20 +88,9 @@ def apply_sampler_order(params: dict, samplers: list[str]) -> None:
         raise invalid("Field 'samplers': mlxcel's sampler chain has a fixed order (" + ";".join(DEFAULT_SAMPLERS)
                       + "); a custom order is not supported, only leaving stages out")
     present = set(samplers)
-    if "penalties" not in present:
-        params.update(repeat_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
-    if "dry" not in present:
-        params["dry_multiplier"] = 0.0
-    if "top_k" not in present:
-        params["top_k"] = 0
-    if "typ_p" not in present:
-        params["typical_p"] = 1.0
-    if "top_p" not in present:
-        params["top_p"] = 1.0
-    if "min_p" not in present:
-        params["min_p"] = 0.0
-    if "xtc" not in present:
-        params["xtc_probability"] = 0.0
+    for stage, neutral in STAGE_OFF.items():
+        if stage not in present:
+            params.update(neutral)
     if "temperature" not in present and params.get("temperature", 1.0) > 0:
         params["temperature"] = 1.0
 
