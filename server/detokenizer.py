@@ -2,6 +2,10 @@
 
 Decoding token by token breaks multi-byte characters and word-boundary spacing, so each step
 decodes a short window (from the last settled token) and emits only the new, complete suffix.
+
+Why not mlx-lm's streaming detokenizer (which ``mlxcel generate`` uses): its BPE variant drops the
+leading space of the first piece, so a completion would stream "Paris." where llama-server streams
+" Paris."; the server must reproduce upstream's text byte for byte.
 """
 
 from __future__ import annotations
