@@ -22,7 +22,7 @@ import mlx.core as mx
 
 from .errors import PromptError
 from .kv_cache import cache_length, rewind
-from .sampler_chain import SamplerChain, sample_rows
+from .sampler_chain import SamplerChain
 
 DEFAULT_PREFILL_STEP = 512
 # Give freed buffers back to the allocator this often (as mlx-lm does) so a long generation
@@ -61,20 +61,6 @@ def prefill(model: Any, tokens: Sequence[int], cache: list[Any], step: int = DEF
     return model(mx.array(tokens[-1:])[None], cache=cache)[0, -1]
 
 
-def pick_token(chain: SamplerChain, logits: mx.array, history: Sequence[int], seed: int) -> mx.array:
-    """The token for position ``len(history)`` as a lazy ``[1]`` array.
-
-    ``SamplerChain.select`` on one row (argmax of the adjusted logits when greedy, else
-    ``sample_rows`` over ``distribution`` with the position's key), but left unevaluated so the
-    next forward can be queued on it before the host reads it. ``tests/test_decode.py`` checks
-    the two agree token for token."""
-    position = len(history)
-    if chain.greedy:
-        return chain.adjusted_logits(logits[None], history).argmax(axis=-1)
-    probs = chain.distribution(logits[None], history, seed=seed, first_position=position)
-    return sample_rows(probs, seed, position)
-
-
 def generate_tokens(
     model: Any,
     prompt: Sequence[int],
@@ -111,7 +97,7 @@ def generate_tokens(
     mx.reset_peak_memory()
     start = time.perf_counter()
     logits = prefill(model, prompt[cached:], cache, prefill_step)
-    y = pick_token(chain, logits, history, seed)
+    y = chain.pick(logits[None], history, seed=seed, first_position=len(history))
     mx.eval(y)
     prompt_time = time.perf_counter() - start
     prompt_tps = (len(prompt) - cached) / max(prompt_time, 1e-9)
@@ -152,5 +138,5 @@ def generate_tokens(
             return
         if n % CLEAR_CACHE_EVERY == 0:
             mx.clear_cache()
-        y = pick_token(chain, next_logits, history, seed)
+        y = chain.pick(next_logits[None], history, seed=seed, first_position=len(history))
         mx.async_eval(y)

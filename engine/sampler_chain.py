@@ -133,14 +133,20 @@ class SamplerChain:
         probs = mx.softmax(tempered, axis=-1)
         return mx.put_along_axis(mx.zeros(x.shape, dtype=mx.float32), c.ids, probs, axis=-1)
 
+    def pick(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
+             seed: int = 0, first_position: int = 0) -> mx.array:
+        """One token per row as a lazy ``[N]`` array: argmax of the adjusted logits when greedy, else
+        a draw from p with the key of the row's absolute position (``first_position + i``). Lazy,
+        so a decode loop can queue the next forward on it before reading it back."""
+        if self.greedy:
+            return self.adjusted_logits(logits, history, appended).argmax(axis=-1)
+        probs = self.distribution(logits, history, appended, seed, first_position)
+        return sample_rows(probs, seed, first_position)
+
     def select(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
                seed: int = 0, first_position: int = 0) -> list[int]:
-        """One token per row: argmax of the adjusted logits when greedy, else a draw from p with
-        the key of the row's absolute position (``first_position + i``)."""
-        if self.greedy:
-            return self.adjusted_logits(logits, history, appended).argmax(axis=-1).tolist()
-        probs = self.distribution(logits, history, appended, seed, first_position)
-        return sample_rows(probs, seed, first_position).tolist()
+        """``pick``, read back as token ids."""
+        return self.pick(logits, history, appended, seed, first_position).tolist()
 
     # -- n_probs -----------------------------------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Speculative decoding of one sequence: prefill, one plain first token, then verify rounds.
 
 Read top to bottom: the target prefills the prompt and picks the first token exactly as plain
-decoding does (``decode.prefill`` + ``decode.pick_token``); the drafter is started on the
+decoding does (``decode.prefill`` + ``SamplerChain.pick``); the drafter is started on the
 sequence; then each ``verify_round`` drafts up to ``num_draft_tokens``, runs the target once,
 and emits the accepted drafts plus one target token, until EOS or the token budget.
 
@@ -26,7 +26,7 @@ from typing import Any
 import mlx.core as mx
 
 from .acceptance import parse_switch, select_rule
-from .decode import DEFAULT_PREFILL_STEP, pick_token, prefill
+from .decode import DEFAULT_PREFILL_STEP, prefill
 from .errors import PromptError
 from .loaded_model import LoadedModel
 from .random_keys import resolve_seed
@@ -144,7 +144,8 @@ def speculative_generate(
     mx.reset_peak_memory()
     start = time.perf_counter()
     sequence = [int(t) for t in prompt]
-    first = int(pick_token(chain, prefill(target.model, sequence, cache, prefill_step), sequence, seed).item())
+    first = chain.select(prefill(target.model, sequence, cache, prefill_step)[None], sequence, seed=seed,
+                         first_position=len(sequence))[0]
     prompt_time = time.perf_counter() - start
     decode_start = time.perf_counter()
     sequence.append(first)
