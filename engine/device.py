@@ -60,6 +60,17 @@ def openblas_library() -> str | None:
     return None
 
 
+def env_with_fast_blas(env: dict | None = None) -> dict:
+    """A copy of ``env`` (default: this process's) in which a child process starts with OpenBLAS
+    preloaded, on a Linux machine that has it; unchanged elsewhere."""
+    env = dict(os.environ if env is None else env)
+    lib = openblas_library()
+    if sys.platform.startswith("linux") and lib is not None and lib not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
+        env[_PRELOAD_MARK] = "1"
+    return env
+
+
 def reexec_with_fast_blas() -> None:
     """On a Linux CPU, re-execute this process with OpenBLAS preloaded (MLX then resolves its
     BLAS symbols there instead of the bundled reference BLAS). A no-op on macOS, when the
@@ -71,8 +82,6 @@ def reexec_with_fast_blas() -> None:
     lib = openblas_library()
     if lib is None or lib in os.environ.get("LD_PRELOAD", ""):
         return
-    env = dict(os.environ)
-    env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
-    env[_PRELOAD_MARK] = "1"
+    env = env_with_fast_blas()
     argv = [sys.executable, *sys.orig_argv[1:]] if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]
     os.execve(sys.executable, argv, env)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -24,6 +23,8 @@ import time
 from pathlib import Path
 
 import httpx
+
+from mlxcel.engine.device import env_with_fast_blas
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [
@@ -42,16 +43,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def env_with_blas() -> dict:
-    env = dict(os.environ)
-    for lib in ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0"):
-        if Path(lib).exists() and lib not in env.get("LD_PRELOAD", ""):
-            env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
-            env["MLXCEL_BLAS_PRELOADED"] = "1"
-            break
-    return env
 
 
 def export_default_model(out: Path) -> Path:
@@ -76,7 +67,7 @@ def export_default_model(out: Path) -> Path:
 
 
 def start(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env_with_blas(), stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env_with_fast_blas(), stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:

@@ -17,7 +17,6 @@ import httpx
 from captures import CAPTURES
 
 REPO = Path(__file__).resolve().parents[1]
-OPENBLAS = ("/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0")
 
 
 def free_port() -> int:
@@ -27,13 +26,10 @@ def free_port() -> int:
 
 
 def server_env() -> dict:
-    env = dict(os.environ)
-    for lib in OPENBLAS:
-        if sys.platform.startswith("linux") and Path(lib).exists() and lib not in env.get("LD_PRELOAD", ""):
-            env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
-            env["MLXCEL_BLAS_PRELOADED"] = "1"
-            break
-    return env
+    """This process's environment, with OpenBLAS preloaded for the server on a Linux CPU."""
+    from mlxcel.engine.device import env_with_fast_blas
+
+    return env_with_fast_blas()
 
 
 class ServerProcess:
