@@ -12,10 +12,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
+from typing import Any
+
 from mlxcel.engine.draft_proposal import Proposal
 from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.target_features import TargetFeatures
 
-__all__ = ["Drafter", "Proposal"]
+__all__ = ["Drafter", "ModelDrafter", "Proposal", "TargetFeatures"]
 
 
 class Drafter(ABC):
@@ -47,3 +50,43 @@ class Drafter(ABC):
     def counters_line(self) -> str | None:
         """An extra report line of the drafter's own counters, or None."""
         return None
+
+
+class ModelDrafter(Drafter):
+    """A drafter network that conditions on the target's own hidden states (DFlash, DSpark, the
+    Muse Glimmer assistant, MTP heads).
+
+    Such a drafter has no embeddings or LM head of its own: ``bind(target_model)`` borrows the
+    target's. The verify round runs the target through ``engine.target_features`` (the same
+    logits, plus the outputs of the decoder layers named by ``feature_layers``) and, after the
+    acceptance rule and the cache rewind, hands the drafter the features of exactly the tokens
+    the target's cache gained (``observe_target``): the pending token and the accepted drafts.
+    Before the first round the caller hands it the prompt's features the same way, so the rows
+    the drafter has seen always equal the target cache's length (``context_length``).
+
+    ``propose`` returns ``q`` (the distribution each drafted token was drawn from) whenever the
+    request samples, so modified rejection sampling can run on these paths; by default they are
+    verified against the target's argmax (``argmax_verify``), as the reference system does.
+    ``probe_gated``: the verify round consults the block-versus-chain exactness probe
+    (``engine.exactness_probe``) before it scores a block in one forward.
+    """
+
+    kind = "model"
+    provides_distribution = True
+    argmax_verify = True
+    wants_features = True
+    probe_gated = True
+    greedy_only = False
+    feature_layers: tuple[int, ...] = ()
+
+    @abstractmethod
+    def bind(self, target_model: Any) -> None:
+        """Borrow what the drafter lacks from the target's mlx-lm module (embeddings, head)."""
+
+    @abstractmethod
+    def observe_target(self, features: TargetFeatures) -> None:
+        """The target's cache gained ``features.length`` tokens; these are their features, in order."""
+
+    def block_width(self, k: int) -> int:
+        """The verify width a block of ``k`` drafts will use (k + 1); the round probes this width."""
+        return k + 1

@@ -24,7 +24,8 @@ The rules and what each guarantees:
   drafter cannot report ``q``; sampler-match runs instead and the id says so.
 * ``argmax-against-argmax``: accept while the draft equals the target's argmax whatever the
   temperature; emit the argmax. Biased above temperature 0 (the stream is the greedy one).
-  Kept for model-based drafters whose proposals come without ``q``.
+  The default of the model-based drafters (DFlash, DSpark, Muse Glimmer assistant, MTP), as in
+  the reference system; they report ``q``, so the stochastic opt-in makes them lossless.
 """
 
 from __future__ import annotations
@@ -97,13 +98,19 @@ def select_rule(
     """The rule id a request runs under.
 
     Greedy samplers get ``greedy-argmax`` first, so no distribution is ever built for them.
-    ``argmax_verify`` marks drafters verified against the target argmax (model-based drafters).
+    ``argmax_verify`` marks drafters verified against the target argmax by default (the
+    model-based drafters); with the stochastic opt-in and a ``q`` they run modified rejection
+    sampling instead.
     A drafter with ``deterministic_proposals`` (q one-hot, e.g. prompt lookup) always runs
     sampler-match: there both rules accept with probability p(d), so there is nothing to opt into.
     """
     if params.greedy:
         return GREEDY_ARGMAX
     if argmax_verify:
+        # Model-based drafters report q, so the opt-in makes them lossless; without it they keep
+        # the reference system's argmax rule (the greedy stream, reported as such).
+        if has_proposal_distribution and stochastic_accept_enabled(stochastic, environ):
+            return STOCHASTIC
         return ARGMAX_AGAINST_ARGMAX
     if deterministic_proposals:
         return SAMPLER_MATCH

@@ -17,6 +17,7 @@ verified at least one draft count as rounds; a round with nothing proposed is a 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,7 +33,10 @@ from .loaded_model import LoadedModel
 from .random_keys import resolve_seed
 from .sampler_chain import SamplerChain
 from .sampling_params import SamplerParams
+from .target_features import prefill_with_features
 from .verify import RoundResult, verify_round
+
+log = logging.getLogger(__name__)
 
 DEFAULT_NUM_DRAFT_TOKENS = 4
 ACCEPT_DIAG_ENV = "MLXCEL_SPECULATIVE_ACCEPT_DIAG"
@@ -57,12 +61,14 @@ class SpeculativeCounters:
     sum_min: float = 0.0
     sum_prod: float = 0.0
     diagnosed: int = 0  # tested positions the two sums cover
+    chain_rounds: int = 0  # rounds scored one forward per token (the exactness probe failed)
 
     def add(self, r: RoundResult) -> None:
         if r.proposed == 0:
             self.plain_steps += 1
             return
         self.rounds += 1
+        self.chain_rounds += int(r.chain_verified)
         self.proposed += r.proposed
         self.positions_tested += r.tested
         self.accepted += r.accepted
@@ -132,8 +138,13 @@ def speculative_generate(
     seed = resolve_seed(params.seed)
     chain = SamplerChain(params, vocab_size=target.vocab_size, eos_token_ids=target.eos_token_ids,
                          tokenizer=target.tokenizer)
+    if getattr(drafter, "greedy_only", False) and not params.greedy:
+        log.warning("the %s drafter proposes greedy chains only; this sampling request is decoded plainly",
+                    drafter.kind)
+        num_draft_tokens = 0
     rule = select_rule(params, has_proposal_distribution=drafter.provides_distribution,
-                       deterministic_proposals=drafter.deterministic, stochastic=stochastic)
+                       deterministic_proposals=drafter.deterministic,
+                       argmax_verify=getattr(drafter, "argmax_verify", False), stochastic=stochastic)
     diagnostics = diagnostics_enabled() if diagnostics is None else diagnostics
     counters = counters if counters is not None else SpeculativeCounters(rule)
     counters.rule = rule
@@ -144,12 +155,20 @@ def speculative_generate(
     mx.reset_peak_memory()
     start = time.perf_counter()
     sequence = [int(t) for t in prompt]
-    first = chain.select(prefill(target.model, sequence, cache, prefill_step)[None], sequence, seed=seed,
-                         first_position=len(sequence))[0]
+    features = None
+    if getattr(drafter, "wants_features", False):  # a model-based drafter reads the prompt's hidden states
+        drafter.bind(target.model)
+        features = prefill_with_features(target.model, sequence, cache, drafter.feature_layers, prefill_step)
+        last_logits = features.logits
+    else:
+        last_logits = prefill(target.model, sequence, cache, prefill_step)[None]
+    first = chain.select(last_logits, sequence, seed=seed, first_position=len(sequence))[0]
     prompt_time = time.perf_counter() - start
     decode_start = time.perf_counter()
     sequence.append(first)
     drafter.start(sequence, params, seed)
+    if features is not None:
+        drafter.observe_target(features)
     generated = [first]
     emitted = [first]
 

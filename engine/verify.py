@@ -15,6 +15,16 @@ not yet forwarded. A round
 5. rewinds the target cache by the rejected drafts (it then holds ``new_sequence[:-1]``) and
    tells the drafter, which rewinds its own state.
 
+Model-based drafters (``drafters.base.ModelDrafter``: DFlash, DSpark, Muse Glimmer assistant,
+MTP) condition on the target's hidden states. For them step 2 also returns those
+(``target_features``), step 5 hands the drafter the rows of the tokens the target kept (the
+pending token and the accepted drafts), and the exactness probe (``exactness_probe``) decides
+whether step 2 is one forward over the block or, where a block forward is not bit-identical to
+one-token forwards, one forward per token ("chain decoding", exact by construction). Their
+default rule is argmax-against-argmax (``acceptance.select_rule``); because they report ``q``,
+modified rejection sampling is available to them as an opt-in. ``RoundResult.logits`` carries
+the target rows the rule read, so any rule (or a diagnostic) can run on them.
+
 A round with ``k == 0`` (or a drafter with nothing to propose) is exactly one plain decode step.
 """
 
@@ -32,6 +42,7 @@ from .acceptance import (
     SAMPLER_MATCH,
     SAMPLER_MATCH_NO_Q,
     STOCHASTIC,
+    ChainOutcome,
     closed_forms,
     one_hot_rows,
     rejection_sample,
@@ -40,6 +51,7 @@ from .acceptance import (
 from .draft_proposal import Proposal
 from .kv_cache import rewind
 from .sampler_chain import SamplerChain
+from .target_features import TargetFeatures, forward_with_features
 
 
 @dataclass
@@ -53,6 +65,8 @@ class RoundResult:
     sum_min: float = 0.0  # sums over the tested positions (only with diagnostics)
     sum_prod: float = 0.0
     diagnosed: int = 0  # tested positions the two sums cover
+    chain_verified: bool = False  # the block was scored one forward per token (the probe failed)
+    logits: mx.array | None = None  # the target rows the rule read, [rows, V] (row i: position + i)
 
 
 def verify_round(
@@ -66,23 +80,65 @@ def verify_round(
     k: int,
     seed: int,
     diagnostics: bool = False,
+    block_exact: bool | None = None,
 ) -> RoundResult:
     """Run one round for ``sequence`` (whose last token is pending) and return what it emitted.
 
     ``model`` is the target's mlx-lm module, ``cache`` its KV cache holding ``sequence[:-1]``.
-    The caller appends ``result.emitted`` to its sequence."""
+    The caller appends ``result.emitted`` to its sequence.
+
+    A model-based drafter (``wants_features``) gets the target's hidden states: the forward goes
+    through ``target_features`` and, after the rewind, the drafter is handed the rows of the
+    tokens the cache kept. Whether the block is scored in one forward or token by token is
+    ``block_exact``; None asks the exactness probe when the drafter is ``probe_gated`` (and means
+    one forward otherwise)."""
     proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
     drafts = [int(t) for t in proposal.tokens]
     if len(drafts) > k:
         raise ValueError(f"the drafter proposed {len(drafts)} tokens for a block of {k}")
     position = len(sequence)
+    layers = tuple(drafter.feature_layers) if getattr(drafter, "wants_features", False) else None
+    block = [int(sequence[-1]), *drafts]
+    if block_exact is None:
+        block_exact = True
+        if drafts and getattr(drafter, "probe_gated", False):
+            from .exactness_probe import block_verdict
 
-    block = mx.array([[int(sequence[-1]), *drafts]])
-    logits = model(block, cache=cache)[0]  # [K + 1, V], row i predicts position + i
+            block_exact = block_verdict(model, len(block), vocab_size=chain.vocab_size).exact
+
+    if block_exact or not drafts:
+        features = _forward(model, block, cache, layers)
+        logits = features.logits
+        outcome, p = _decide(rule, chain, logits, sequence, drafts, proposal.q, seed, position)
+        forwarded = len(block)
+    else:
+        outcome, p, features, forwarded = _chain_verify(model, cache, chain, rule, sequence, drafts, proposal.q,
+                                                        seed, position, layers)
+        logits = features.logits
+
+    result = RoundResult(outcome.emitted, len(drafts), outcome.accepted, outcome.tested if drafts else 0,
+                         chain_verified=not block_exact and bool(drafts), logits=logits)
+    if diagnostics and result.tested:
+        _diagnose(result, rule, chain, logits, sequence, drafts, p, proposal.q, drafter, seed, position, outcome)
+
+    kept = outcome.accepted + 1  # the pending token and the accepted drafts
+    rewind(cache, forwarded - kept)
+    if layers is not None:
+        drafter.observe_target(features.rows(0, kept))
+    drafter.observe([*sequence, *outcome.emitted], proposal, outcome.accepted)
+    return result
+
+
+def _forward(model: Any, tokens: list[int], cache: list[Any], layers: tuple[int, ...] | None) -> TargetFeatures:
+    if layers is None:
+        return TargetFeatures(model(mx.array([tokens]), cache=cache)[0])
+    return forward_with_features(model, tokens, cache, layers)
+
+
+def _decide(rule, chain, logits, sequence, drafts, q, seed, position):
+    """The acceptance rule over a scored block: (outcome, p or None)."""
     vocab = logits.shape[-1]
-
     p = None
-    q = proposal.q
     if rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
         # The very call plain decoding makes, one row per position: same choice, same key.
         outcome = walk_chain(chain.select(logits, sequence, drafts, seed, position), drafts)
@@ -97,14 +153,36 @@ def verify_round(
         outcome = rejection_sample(p, q_rows, drafts, seed=seed, first_position=position)
     else:
         raise ValueError(f"unknown acceptance rule {rule!r}")
+    return outcome, p
 
-    result = RoundResult(outcome.emitted, len(drafts), outcome.accepted, outcome.tested if drafts else 0)
-    if diagnostics and result.tested:
-        _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter, seed, position, outcome)
 
-    rewind(cache, len(drafts) - outcome.accepted)
-    drafter.observe([*sequence, *outcome.emitted], proposal, outcome.accepted)
-    return result
+def _chain_verify(model, cache, chain, rule, sequence, drafts, q, seed, position, layers):
+    """Score the block one forward per token (what plain decoding computes, bit for bit). Under
+    the argmax rules the walk stops at the first mismatch, so a rejected draft costs no extra
+    forward; the sampling rules score every row and decide as the block path does.
+    Returns (outcome, p, features of the forwarded rows, tokens forwarded)."""
+    block = [int(sequence[-1]), *drafts]
+    parts: list[TargetFeatures] = []
+    if rule in (GREEDY_ARGMAX, ARGMAX_AGAINST_ARGMAX):
+        choices: list[int] = []
+        for i, token in enumerate(block):
+            part = _forward(model, [token], cache, layers)
+            parts.append(part)
+            if rule == GREEDY_ARGMAX:
+                choice = chain.select(part.logits, sequence, drafts[:i], seed, position + i)[0]
+            else:
+                choice = int(chain.adjusted_logits(part.logits, sequence, drafts[:i]).argmax(axis=-1).item())
+            choices.append(choice)
+            if i == len(drafts) or choice != drafts[i]:
+                break
+        n = len(choices) - 1
+        outcome = ChainOutcome(n, drafts[:n] + [choices[-1]], min(n + 1, len(drafts)))
+        return outcome, None, TargetFeatures.join(parts), len(parts)
+    for token in block:
+        parts.append(_forward(model, [token], cache, layers))
+    features = TargetFeatures.join(parts)
+    outcome, p = _decide(rule, chain, features.logits, sequence, drafts, q, seed, position)
+    return outcome, p, features, len(block)
 
 
 def _align(q: mx.array, vocab: int) -> mx.array:
@@ -131,7 +209,7 @@ def _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter, seed
     if q is None:
         return  # no q: the closed forms are unknowable
     if p is None:
-        p = chain.distribution(logits, sequence, drafts, seed, position)
+        p = chain.distribution(logits, sequence, drafts[: logits.shape[0] - 1], seed, position)
     smin, sprod = closed_forms(p[:n], _align(q, vocab)[:n])
     result.sum_min = float(smin.sum().item())
     result.sum_prod = float(sprod.sum().item())

@@ -1,0 +1,172 @@
+"""Tiny random checkpoints for the model-based drafter tests, written in the published on-disk
+formats and read back by the real loaders.
+
+Targets (``build_target``): ``qwen3`` and ``muse_glimmer`` (mlx-lm's own model classes, so the
+target is a real mlx-lm model with its real caches; ``muse_glimmer`` has rotating sliding-window
+caches, ``window`` tokens), plus the ``llama`` / ``qwen2`` of ``tiny_checkpoints``.
+
+Drafters (config.json + model.safetensors, no embeddings and no LM head):
+
+* ``build_dflash``: z-lab's DFlash layout (``architectures: ["DFlashDraftModel"]``, a
+  ``dflash_config`` with ``target_layer_ids`` / ``mask_token_id`` / ``block_size``; tensors
+  ``fc.weight``, ``hidden_norm.weight``, ``layers.N.*`` of a Qwen3 decoder layer, ``norm.weight``);
+* ``build_dspark``: LiquidAI's LFM2 DSpark layout (``architectures: ["Lfm2DSparkDraftModel"]``,
+  ``model_type: qwen3``, ``block_size`` counting proposals, ``dflash_config`` with the layer ids
+  and mask token, ``markov_rank``; plus ``markov_head.markov_w1.weight`` / ``markov_w2.weight``);
+* ``build_muse_assistant``: Meta's Muse Glimmer assistant layout (``model_type:
+  muse_glimmer_assistant``, ``architectures: ["MuseGlimmerAssistantModel"]``, top-level
+  ``target_layer_ids`` / ``mask_token_id`` / ``block_size``, sliding-attention layers; tensors
+  ``encoder.fc.weight``, ``encoder.output_norm_enc.weight``, ``layers.N.*``, ``norm.weight``).
+
+``teacher=`` copies a target's decoder layer into every drafter layer and sets ``fc`` so the
+drafter's context is the target's own last hidden state: such a drafter agrees with the target
+often (but not always), which gives the tests mixed acceptance.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from tiny_checkpoints import build_tokenizer, tiny_config
+
+
+def _save(out: Path, config: dict, params: dict) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    params = {k: v.astype(mx.float32) for k, v in params.items()}
+    mx.save_safetensors(str(out / "model.safetensors"), params, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out
+
+
+def build_target(out: Path, arch: str, *, seed: int = 0, layers: int = 4, hidden: int = 64,
+                 window: int = 24) -> Path:
+    """A tiny ``arch`` target (``qwen3`` or ``muse_glimmer``; ``llama``/``qwen2`` too) with a tokenizer."""
+    from mlx_lm.utils import _get_classes
+
+    vocab = build_tokenizer(out)
+    if arch in ("llama", "qwen2"):
+        config = tiny_config(arch, vocab, layers=layers, hidden=hidden)
+    else:
+        config = tiny_config("llama", vocab, layers=layers, hidden=hidden)
+        config.pop("attention_bias", None)
+        config.pop("mlp_bias", None)
+        config["head_dim"] = hidden // config["num_attention_heads"]
+        if arch == "qwen3":
+            config.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], tie_word_embeddings=True)
+        elif arch == "muse_glimmer":
+            config.update(model_type="muse_glimmer", architectures=["MuseGlimmerForCausalLM"],
+                          sliding_window=window, final_logit_softcapping=20.0, output_multiplier=0.5,
+                          qk_scale_factor=1.0, post_norm_eps=1e-6)
+        else:
+            raise ValueError(arch)
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_cls(args_cls.from_dict(config))
+    params = dict(tree_flatten(model.parameters()))
+    for name in list(params):
+        if name.endswith("embed_tokens.weight"):
+            params[name] = mx.random.normal(params[name].shape)
+        elif name == "lm_head.weight":
+            params[name] = mx.random.normal(params[name].shape) * (4.0 if arch == "muse_glimmer" else 0.5)
+        elif arch == "muse_glimmer" and name.endswith("layernorm.weight"):
+            params[name] = mx.random.normal(params[name].shape) * 0.1  # centred norms: 1 + weight
+    if config.get("tie_word_embeddings"):
+        params.pop("lm_head.weight", None)
+    _save(out, config, params)
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))
+    return out
+
+
+def _layer_params(rng_seed: int, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> dict:
+    mx.random.seed(rng_seed)
+
+    def w(o, i, s=None):
+        return mx.random.normal((o, i)) * (s if s is not None else i ** -0.5)
+
+    return {
+        "input_layernorm.weight": mx.ones((hidden,)),
+        "post_attention_layernorm.weight": mx.ones((hidden,)),
+        "self_attn.q_proj.weight": w(heads * head_dim, hidden),
+        "self_attn.k_proj.weight": w(kv_heads * head_dim, hidden),
+        "self_attn.v_proj.weight": w(kv_heads * head_dim, hidden),
+        "self_attn.o_proj.weight": w(hidden, heads * head_dim),
+        "self_attn.q_norm.weight": mx.ones((head_dim,)),
+        "self_attn.k_norm.weight": mx.ones((head_dim,)),
+        "mlp.gate_proj.weight": w(inter, hidden),
+        "mlp.up_proj.weight": w(inter, hidden),
+        "mlp.down_proj.weight": w(hidden, inter),
+    }
+
+
+def _backbone(target_dir: Path, layer_ids: list[int], *, layers: int, seed: int, head_dim: int | None = None,
+              teacher: bool = True) -> tuple[dict, dict]:
+    """Shared shape + tensors of the three formats (HF names without a prefix)."""
+    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    hidden = tcfg["hidden_size"]
+    heads, kv = tcfg["num_attention_heads"], tcfg["num_key_value_heads"]
+    head_dim = head_dim or tcfg.get("head_dim") or hidden // heads
+    inter = tcfg["intermediate_size"]
+    shape = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+             "num_key_value_heads": kv, "head_dim": head_dim, "intermediate_size": inter,
+             "rms_norm_eps": 1e-5, "vocab_size": tcfg["vocab_size"], "max_position_embeddings": 2048,
+             "hidden_act": "silu", "tie_word_embeddings": False}
+    params: dict = {}
+    for i in range(layers):
+        for k, v in _layer_params(seed * 100 + i, hidden, heads, kv, head_dim, inter).items():
+            params[f"layers.{i}.{k}"] = v
+    mx.random.seed(seed)
+    n = len(layer_ids)
+    if teacher:
+        # fc picks the last listed target layer's output (the others weigh little): the drafter sees
+        # the target's own late hidden state and mostly agrees with it.
+        fc = mx.random.normal((hidden, n * hidden)) * (0.05 / (n * hidden) ** 0.5)
+        eye = mx.eye(hidden)
+        fc = mx.concatenate([fc[:, : (n - 1) * hidden], fc[:, (n - 1) * hidden:] + eye], axis=1)
+    else:
+        fc = mx.random.normal((hidden, n * hidden)) * (n * hidden) ** -0.5
+    params["fc.weight"] = fc
+    params["hidden_norm.weight"] = mx.ones((hidden,))
+    params["norm.weight"] = mx.ones((hidden,))
+    return shape, params
+
+
+def build_dflash(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int = 1, block_size: int = 8,
+                 mask_token_id: int = 3, seed: int = 11) -> Path:
+    shape, params = _backbone(target_dir, list(layer_ids), layers=layers, seed=seed)
+    config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", **shape, "rope_theta": 10000.0,
+              "block_size": block_size,
+              "dflash_config": {"target_layer_ids": list(layer_ids), "mask_token_id": mask_token_id},
+              "num_target_layers": json.loads((Path(target_dir) / "config.json").read_text())["num_hidden_layers"]}
+    return _save(out, config, params)
+
+
+def build_dspark(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int = 1, block_size: int = 5,
+                 mask_token_id: int = 3, rank: int = 8, seed: int = 12) -> Path:
+    shape, params = _backbone(target_dir, list(layer_ids), layers=layers, seed=seed)
+    vocab = shape["vocab_size"]
+    mx.random.seed(seed + 1)
+    params["markov_head.markov_w1.weight"] = mx.random.normal((vocab, rank)) * 0.3
+    params["markov_head.markov_w2.weight"] = mx.random.normal((vocab, rank)) * 0.3
+    tlayers = json.loads((Path(target_dir) / "config.json").read_text())["num_hidden_layers"]
+    config = {"architectures": ["Lfm2DSparkDraftModel"], "model_type": "qwen3", **shape,
+              "rope_theta": 10000.0, "rope_is_neox_style": False, "block_size": block_size, "markov_rank": rank,
+              "layer_types": ["full_attention"] * layers,
+              "dflash_config": {"mask_token_id": mask_token_id, "target_layer_ids": list(layer_ids),
+                                "num_target_layers": tlayers}}
+    return _save(out, config, params)
+
+
+def build_muse_assistant(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int = 1, block_size: int = 8,
+                         mask_token_id: int = 3, window: int = 24, seed: int = 13) -> Path:
+    shape, params = _backbone(target_dir, list(layer_ids), layers=layers, seed=seed)
+    params["encoder.fc.weight"] = params.pop("fc.weight")
+    params["encoder.output_norm_enc.weight"] = params.pop("hidden_norm.weight")
+    config = {"architectures": ["MuseGlimmerAssistantModel"], "model_type": "muse_glimmer_assistant", **shape,
+              "block_size": block_size, "mask_token_id": mask_token_id, "target_layer_ids": list(layer_ids),
+              "layer_types": ["sliding_attention"] * layers, "sliding_window": window,
+              "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"}}
+    config.pop("tie_word_embeddings")
+    return _save(out, config, params)
