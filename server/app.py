@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -26,7 +25,10 @@ from starlette.responses import PlainTextResponse, Response
 from . import model_info, responses as R
 from .args import ServerConfig, parse_logit_bias_flag
 from .chat_template import apply_template, normalize_messages, resolve_template
+from .auth import ApiKeys, invalid_key
+from .cors import Cors
 from .errors import ApiError, context_exceeded, invalid, not_found_body, not_supported, unavailable
+from .limits import BodyLimit, BodyTooLarge, Limits, check_stop_count
 from .metrics import Metrics
 from .prompts import check_tokens, split_prompts, tokenize_prompt, tokenize_text
 from .request_params import DEFAULT_SAMPLERS, ServerDefaults, generation_options, parse_samplers
@@ -37,9 +39,6 @@ from .task import Final, GenerationOptions, Partial, Progress
 from .token_text import TokenText
 
 log = logging.getLogger(__name__)
-
-PUBLIC_PATHS = {"/health", "/v1/health", "/models", "/v1/models", "/"}
-
 
 @dataclass
 class ServerState:
@@ -54,6 +53,7 @@ class ServerState:
     metrics: Metrics = field(default_factory=Metrics)
     load_error: str | None = None
     api_keys: list[str] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
     n_params: int = 0  # counted at load time, so no MLX call happens on the event loop
 
     @property
@@ -63,15 +63,6 @@ class ServerState:
     def default_options(self) -> GenerationOptions:
         d = self.defaults
         return GenerationOptions(sampler=d.sampler, seed=d.seed, n_predict=d.n_predict, samplers=list(d.samplers))
-
-
-def max_queue() -> int:
-    """How many accepted requests may wait for a slot before new ones get 503 (upstream has no flag
-    for this; ``MLXCEL_MAX_QUEUE`` sets it, default 256)."""
-    try:
-        return max(1, int(os.environ.get("MLXCEL_MAX_QUEUE", "256")))
-    except ValueError:
-        return 256
 
 
 def build_defaults(config: ServerConfig, loaded) -> ServerDefaults:
@@ -107,32 +98,44 @@ def build_defaults(config: ServerConfig, loaded) -> ServerDefaults:
 
 
 class GateMiddleware:
-    """503 while the model loads, 401 without a valid API key (pure ASGI, so streaming and
-    disconnect detection are untouched)."""
+    """The checks every request passes before a route sees it, in upstream's order: CORS headers
+    (and the ``OPTIONS`` preflight), 503 while the model loads, 401 without a valid API key, and
+    413 for a body over ``--max-body-size``. Pure ASGI, so streaming and disconnect detection are
+    untouched; the cost is a header scan and one closure per request."""
 
     def __init__(self, app, state: ServerState):
         self.app = app
         self.state = state
+        self.cors = Cors.from_config(state.config)
+        self.keys = ApiKeys(state.api_keys)
+        self.body_limit = BodyLimit(state.config.max_body_size)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         state = self.state
+        origin = b""
+        for name, value in scope.get("headers", ()):
+            if name == b"origin":
+                origin = value
+                break
+        send = self.cors.wrap_send(origin, send)
+        if scope.get("method") == "OPTIONS":
+            return await self.cors.preflight(send)
+        if not state.ready:
+            message = "Loading model" if state.load_error is None else f"Model failed to load: {state.load_error}"
+            return await JsonResponse(unavailable(message).body(), status_code=503)(scope, receive, send)
         path = scope.get("path", "")
         prefix = state.config.api_prefix
         if prefix and path.startswith(prefix):
             path = path[len(prefix):] or "/"
-        if not state.ready:
-            message = "Loading model" if state.load_error is None else f"Model failed to load: {state.load_error}"
-            return await JsonResponse(unavailable(message).body(), status_code=503)(scope, receive, send)
-        if state.api_keys and path not in PUBLIC_PATHS and scope.get("method") != "OPTIONS":
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            auth = headers.get("authorization", "")
-            key = auth[7:].strip() if auth.lower().startswith("bearer ") else headers.get("x-api-key", "")
-            if key not in state.api_keys:
-                body = ApiError("Invalid API Key", "authentication_error").body()
-                return await JsonResponse(body, status_code=401)(scope, receive, send)
-        return await self.app(scope, receive, send)
+        if self.keys.needed(path) and not self.keys.valid(scope.get("headers", ())):
+            log.warning("unauthorized request to %s: invalid API key", path)
+            return await JsonResponse(invalid_key().body(), status_code=401)(scope, receive, send)
+        size = self.body_limit.declared_too_large(scope)
+        if size is not None:
+            return await self.body_limit.refuse(size, scope, receive, send)
+        return await self.app(scope, self.body_limit.wrap(receive), send)
 
 
 # -- helpers ------------------------------------------------------------------------------------
@@ -215,6 +218,7 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
     startup (default: ``load_model`` with the config's model options)."""
     state = ServerState(config=config)
     state.api_keys = config.api_keys()
+    state.limits = Limits.from_config(config)
 
     def load():
         try:
@@ -247,8 +251,9 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
             if settings is not None:
                 state.defaults.speculative_types = f"none,{settings.spec_type}"
             scheduler = Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, n_batch=config.batch_size,
-                                  n_ubatch=config.ubatch_size, metrics=state.metrics, max_queue=max_queue(),
-                                  slot_prompt_similarity=config.slot_prompt_similarity, speculation=speculation)
+                                  n_ubatch=config.ubatch_size, metrics=state.metrics, max_queue=state.limits.max_queue,
+                                  slot_prompt_similarity=config.slot_prompt_similarity, speculation=speculation,
+                                  timeout=float(config.timeout))
             scheduler.start()
             state.scheduler = scheduler
             log.info("model %s loaded; %d slots, n_ctx %d", state.model_name, len(scheduler.slots), scheduler.n_ctx)
@@ -281,6 +286,10 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
         err = ApiError(str(exc.detail), "invalid_request_error" if exc.status_code < 500 else "server_error")
         return JsonResponse(err.body(), status_code=err.status)
 
+    @app.exception_handler(BodyTooLarge)
+    async def body_too_large(_req, exc: BodyTooLarge):
+        return JsonResponse(exc.error.body(), status_code=exc.error.status, headers={"Connection": "close"})
+
     @app.exception_handler(RequestValidationError)
     async def validation_error(_req, exc):
         return JsonResponse(invalid(str(exc)).body(), status_code=400)
@@ -308,6 +317,7 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
             raise invalid("the prompt is empty: it must contain at least one token")
         check_tokens(tokens, state.loaded.vocab_size)
         ctx_check(tokens)
+        state.limits.check_prompt(len(tokens))
         return tokens
 
     def n_choices(value: int | None, field_name: str) -> int:
@@ -316,6 +326,10 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
         return n
 
     def open_tasks(prompts: list[list[int]], opts: GenerationOptions, n: int, t0: float) -> list[TaskHandle]:
+        most = state.limits.max_queue + len(state.scheduler.slots)
+        if len(prompts) * n > most:  # could never be queued at once: not worth a retry, so 400, not 503
+            raise invalid(f"the request asks for {len(prompts) * n} completions; this server runs at most {most} "
+                          "at once (slots plus --max-queue)")
         handles = []
         try:
             for p, tokens in enumerate(prompts):
@@ -453,7 +467,12 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
         req = validate(CompletionRequest, body)
         if "prompt" not in body:
             raise invalid("key 'prompt' not found")
-        return req, [prompt_tokens(p) for p in split_prompts(req.prompt)]
+        parts = split_prompts(req.prompt)
+        most = state.limits.max_queue + len(state.scheduler.slots)
+        if len(parts) > most:
+            raise invalid(f"the request has {len(parts)} prompts; this server runs at most {most} at once "
+                          "(slots plus --max-queue)")
+        return req, [prompt_tokens(p) for p in parts]
 
     async def native_completion(request: Request):
         t0 = time.perf_counter()

@@ -76,6 +76,13 @@ class ServerConfig:
     chat_template_file: str | None = None
     chat_template_kwargs: str | None = None
     timeout: int = 3600
+    cors_origins: str = "*"
+    cors_methods: str = "GET, POST, DELETE, OPTIONS"
+    cors_headers: str = "*"
+    cors_credentials: bool = True
+    max_body_size: int = 32 * 1024 * 1024
+    max_prompt_tokens: int = 0
+    max_queue: int | None = None  # None: MLXCEL_MAX_QUEUE, else 256
     cache_prompt: bool = True
     slot_prompt_similarity: float = 0.1
     log_disable: bool = False
@@ -187,6 +194,11 @@ def parse_args(argv: list[str]) -> ServerConfig:
         raise ArgumentError("-np/--parallel must be a positive number of slots (or -1 for auto)")
     if config.batch_size <= 0 or config.ubatch_size <= 0:
         raise ArgumentError("-b/--batch-size and -ub/--ubatch-size must be positive")
+    if config.max_body_size <= 0 or config.max_prompt_tokens < 0 or (config.max_queue is not None
+                                                                     and config.max_queue <= 0):
+        raise ArgumentError("--max-body-size and --max-queue must be positive, --max-prompt-tokens >= 0")
+    if config.timeout <= 0:
+        raise ArgumentError("-to/--timeout must be a positive number of seconds")
     if config.ctx_size < 0:
         raise ArgumentError("-c/--ctx-size must be >= 0 (0 = the model's own context length)")
     return config

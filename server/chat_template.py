@@ -17,6 +17,8 @@ CHATML = (
     "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 BUILTIN_TEMPLATES = {"chatml": CHATML}
+# OpenAI's message roles; any other is refused rather than handed to the template
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 def resolve_template(model_template: str | None, override: str | None) -> str | None:
@@ -37,6 +39,8 @@ def normalize_messages(messages: Any) -> list[dict]:
         raise invalid("'messages' is required")
     if not isinstance(messages, list):
         raise invalid("Expected 'messages' to be an array")
+    if not messages:
+        raise invalid("'messages' must contain at least one message")
     out = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
@@ -44,6 +48,9 @@ def normalize_messages(messages: Any) -> list[dict]:
         role = msg.get("role")
         if not isinstance(role, str):
             raise invalid(f"Failed to parse messages: 'role' of message {i} must be a string")
+        if role not in ROLES:
+            raise invalid(f"Failed to parse messages: unknown role {role[:64]!r} in message {i}; "
+                          f"expected one of {', '.join(sorted(ROLES))}")
         content = msg.get("content")
         if isinstance(content, list):
             parts = []

@@ -24,11 +24,12 @@ ERROR_STATUS = {
 class ApiError(Exception):
     """A request failed; ``extra`` fields are appended to the error object."""
 
-    def __init__(self, message: str, type: str = "invalid_request_error", **extra: Any):
+    def __init__(self, message: str, type: str = "invalid_request_error", *, status: int | None = None,
+                 **extra: Any):
         super().__init__(message)
         self.message = message
         self.type = type
-        self.status = ERROR_STATUS[type]
+        self.status = ERROR_STATUS[type] if status is None else status
         self.extra = extra
 
     def body(self) -> dict:
@@ -54,6 +55,22 @@ def context_exceeded(n_prompt: int, n_ctx: int) -> ApiError:
         n_prompt_tokens=n_prompt,
         n_ctx=n_ctx,
     )
+
+
+def payload_too_large(size: int | None, limit: int) -> ApiError:
+    """413 for a body over ``--max-body-size`` (upstream's HTTP library answers 413 too; the body
+    here has the usual error shape)."""
+    told = f"{size} bytes" if size is not None else "more bytes than that"
+    return ApiError(f"the request body is too large: {told}; this server accepts at most {limit} bytes "
+                    "(--max-body-size)", "invalid_request_error", status=413)
+
+
+def timed_out(seconds: float) -> ApiError:
+    return unavailable(f"the request ran longer than the server's --timeout ({seconds:g} s) and was stopped")
+
+
+def shutting_down() -> ApiError:
+    return unavailable("the server is shutting down")
 
 
 def not_found_body() -> dict:

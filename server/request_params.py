@@ -13,6 +13,7 @@ from typing import Any
 
 from ..engine.sampling_params import SamplerParams
 from .errors import invalid
+from .limits import check_stop_count
 from .prompts import tokenize_text
 from .schema import INT_MAX, SamplingFields, check_range
 from .task import GenerationOptions
@@ -123,7 +124,9 @@ def parse_logit_bias(value: Any, tokenizer, vocab_size: int) -> dict[int, float]
         if isinstance(key, int):
             ids = [key]
         elif isinstance(key, str):
-            ids = [int(key)] if key.lstrip("-").isdigit() else tokenize_text(tokenizer, key, add_special=False)
+            digits = key[1:] if key.startswith("-") else key
+            ids = [int(key)] if digits.isascii() and digits.isdigit() else tokenize_text(tokenizer, key,
+                                                                                         add_special=False)
         else:
             raise invalid("Field 'logit_bias': a token must be an id or a string")
         for t in ids:
@@ -158,6 +161,14 @@ def check_unsupported(req: SamplingFields) -> None:
             raise invalid("Field 'lora': Error: 'lora' must be an array of objects with 'id' and 'scale' fields")
         if lora:
             raise invalid(f"Field 'lora': no LoRA adapter with id {lora[0]['id']} is loaded")
+
+
+def cap_n_predict(n_predict: int, server_n_predict: int) -> int:
+    """Upstream caps a request's ``n_predict`` at a positive ``-n``; here "until the context is
+    full" (-1) is capped too, so ``-n`` bounds every request's length."""
+    if server_n_predict > 0 and (n_predict < 0 or n_predict > server_n_predict):
+        return server_n_predict
+    return n_predict
 
 
 def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *, n_predict: int | None,
@@ -202,6 +213,7 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         params["seed"] = seed
     stop = req.stop
     stops = [stop] if isinstance(stop, str) else list(stop or [])
+    check_stop_count(stops)
     echo = {name: getattr(req, name) for name in ("n_keep", "n_discard", "mirostat_tau", "mirostat_eta",
                                                   "dynatemp_exponent", "adaptive_decay") if getattr(req, name) is not None}
     if bias:
@@ -209,7 +221,7 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
     return GenerationOptions(
         sampler=SamplerParams(**params),
         seed=seed,
-        n_predict=defaults.n_predict if n_predict is None else n_predict,
+        n_predict=cap_n_predict(defaults.n_predict if n_predict is None else n_predict, defaults.n_predict),
         stop=[s for s in stops if s],
         n_probs=n_probs,
         post_sampling_probs=bool(req.post_sampling_probs),

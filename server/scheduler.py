@@ -41,7 +41,8 @@ from ..engine.loaded_model import LoadedModel
 from ..engine.random_keys import resolve_seed
 from ..engine.sampler_chain import SamplerChain
 from ..engine.verify import verify_round
-from .errors import ApiError, unavailable
+from .errors import ApiError, shutting_down, timed_out, unavailable
+from .faults import FaultPlan, fail as inject_fault
 from .metrics import Metrics
 from .slots import Slot, SlotRun, choose_slot, common_prefix
 from .speculation import Speculation
@@ -53,7 +54,8 @@ log = logging.getLogger(__name__)
 class Scheduler:
     def __init__(self, loaded: LoadedModel, *, n_slots: int = 4, n_ctx: int = 0, n_batch: int = 2048,
                  n_ubatch: int = 512, max_queue: int = 256, metrics: Metrics | None = None,
-                 slot_prompt_similarity: float = 0.1, speculation: Speculation | None = None):
+                 slot_prompt_similarity: float = 0.1, speculation: Speculation | None = None,
+                 timeout: float = 0.0):
         self.lm = loaded
         self.speculation = speculation
         self.n_ctx = n_ctx if n_ctx > 0 else loaded.context_length
@@ -68,13 +70,22 @@ class Scheduler:
         self._inbox: queue.Queue[Task | None] = queue.Queue()
         self._pending: deque[Task] = deque()
         self._batch = DecodeBatch(loaded.model)
+        self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
+        self.faults = FaultPlan.from_env()
         self._stopping = False
+        self._draining = False  # set from a signal handler: plain attribute writes only
         self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
 
     # -- front (event loop side) ----------------------------------------------------------------
 
     def start(self) -> None:
         self._thread.start()
+
+    def begin_shutdown(self) -> None:
+        """Refuse new tasks and end every queued and running one with a "shutting down" error
+        (their streams get an error event and close). Safe to call from a signal handler: it
+        only sets a flag the engine thread reads each iteration."""
+        self._draining = True
 
     def stop(self) -> None:
         self._stopping = True
@@ -91,8 +102,8 @@ class Scheduler:
         return sum(1 for s in self.slots if s.busy)
 
     def submit(self, task: Task) -> None:
-        if self._stopping:
-            raise unavailable("the server is shutting down")
+        if self._stopping or self._draining:
+            raise shutting_down()
         if self.deferred >= self.max_queue:
             raise unavailable("the server is busy: too many requests are waiting; try again later")
         self._inbox.put(task)
@@ -110,6 +121,8 @@ class Scheduler:
         task = Task(prompt_tokens=prompt_tokens, options=options, sink=sink, index=index)
         if t_arrival is not None:
             task.t_arrival = t_arrival
+        if self.timeout > 0:
+            task.deadline = task.t_arrival + self.timeout
         self.submit(task)
         return TaskHandle(task, events)
 
@@ -130,7 +143,7 @@ class Scheduler:
 
     def _iteration(self) -> None:
         self._drain(block=not self._has_work())
-        self._drop_cancelled()
+        self._drop_ended()
         self._assign()
         self._prefill()
         self._decode()
@@ -148,11 +161,41 @@ class Scheduler:
             except queue.Empty:
                 return
 
-    def _drop_cancelled(self) -> None:
-        if any(t.cancelled.is_set() for t in self._pending):
-            self._pending = deque(t for t in self._pending if not t.cancelled.is_set())
+    def _ending(self, task: Task, now: float) -> ApiError | None:
+        """Why a live task must end now: the server is shutting down, or it passed --timeout."""
+        if self._draining:
+            return shutting_down()
+        if task.deadline is not None and now > task.deadline:
+            return timed_out(self.timeout)
+        return None
+
+    def _drop_ended(self) -> None:
+        """Drop cancelled tasks (a client that went away frees its slot within one step); fail
+        tasks past their deadline, or all of them while shutting down, freeing their slots."""
+        now = time.perf_counter()
+        if self._pending and (self._draining or any(t.cancelled.is_set() or t.deadline is not None and now > t.deadline
+                                                    for t in self._pending)):
+            keep: deque[Task] = deque()
+            for task in self._pending:
+                if task.cancelled.is_set():
+                    continue
+                error = self._ending(task, now)
+                if error is not None:
+                    task.sink(Failed(error))
+                    continue
+                keep.append(task)
+            self._pending = keep
         for slot in self.slots:
-            if slot.busy and slot.run.task.cancelled.is_set():
+            if not slot.busy:
+                continue
+            task = slot.run.task
+            if task.cancelled.is_set():
+                self._release(slot, send=False)
+                continue
+            error = self._ending(task, now)
+            if error is not None:
+                log.warning("task %d ended in slot %d: %s", task.id, slot.id, error.message)
+                task.sink(Failed(error))
                 self._release(slot, send=False)
 
     def _assign(self) -> None:
@@ -188,6 +231,8 @@ class Scheduler:
                              tokenizer=self.lm.tokenizer)
         seed = resolve_seed(task.options.seed)
         slot.run = SlotRun(slot, task, chain, seed, self.lm.tokenizer, self.eos_ids, cache_n=reuse)
+        if self.faults is not None:
+            slot.run.fault = self.faults.stage_for(self.lm.tokenizer.decode(prompt))
         slot.last_used = time.perf_counter()
         slot.run.progress()
 
@@ -199,6 +244,8 @@ class Scheduler:
                 continue
             try:
                 chunk = run.prompt[run.n_past:run.n_past + min(self.n_ubatch, budget)]
+                if run.fault == "prefill":
+                    inject_fault("prefill")
                 logits = forward_chunk(self.lm.model, chunk, slot.cache)
                 run.n_past += len(chunk)
                 slot.tokens.extend(chunk)
@@ -263,12 +310,27 @@ class Scheduler:
             return
         rows = list(self._batch.rows)
         runs = [self.slots[r].run for r in rows]
-        logits = self._batch.step([run.generated[-1] for run in runs])
+        try:
+            if any(run.fault == "forward" for run in runs):
+                inject_fault("forward")
+            logits = self._batch.step([run.generated[-1] for run in runs])
+        except Exception as exc:
+            # the forward touched exactly these rows: fail them, start a fresh batch, keep serving
+            log.exception("batched decode step failed; failing its %d rows", len(rows))
+            error = _as_api_error(exc)
+            for row, run in zip(rows, runs):
+                run.task.sink(Failed(error))
+                slot = self.slots[row]
+                slot.cache, slot.tokens, slot.run = None, [], None
+            self._batch = DecodeBatch(self.lm.model)
+            return
         self.metrics.record_decode(len(rows))
         now = time.perf_counter()
         finished = []
         for j, (row, run) in enumerate(zip(rows, runs)):
             try:
+                if run.fault == "sample":
+                    inject_fault("sample")
                 run.accept(run.sample(logits[j]), now)
             except Exception as exc:
                 log.exception("sampling failed in slot %d", row)

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from .errors import ApiError, invalid, json_type_name
+from .limits import MAX_JSON_DEPTH
 
 INT_MAX = 2147483647
 
@@ -130,19 +131,52 @@ _EXPECTED = {
 }
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _too_deep(body: Any, limit: int) -> bool:
+    """Whether containers nest deeper than ``limit`` (iterative: a hostile body cannot recurse)."""
+    stack = [(body, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        for child in children:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+    return False
+
+
 def parse_body(raw: bytes) -> dict:
-    """Decode a JSON object body; malformed JSON is a 400 ``invalid_request_error``."""
+    """Decode a JSON object body; malformed JSON is a 400 ``invalid_request_error``. Beyond what
+    ``json`` accepts, this refuses the non-standard ``NaN`` / ``Infinity`` literals, numbers that
+    overflow a double, and containers nested deeper than ``MAX_JSON_DEPTH``."""
     if not raw.strip():
         raise invalid("parse error at line 1, column 1: attempting to parse an empty input; "
                       "check that your input string or stream contains the expected JSON")
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise invalid(f"parse error at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
     except UnicodeDecodeError:
         raise invalid("parse error: the body is not valid UTF-8") from None
+    except RecursionError:
+        raise invalid(f"parse error: the JSON nests deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as exc:  # NaN/Infinity, an overflowing float, an integer too long to convert
+        raise invalid(f"parse error: {exc}") from None
     if not isinstance(body, dict):
         raise invalid(f"the request body must be a JSON object, but is {json_type_name(body)}")
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _too_deep(body, MAX_JSON_DEPTH):
+        raise invalid(f"parse error: the JSON nests deeper than {MAX_JSON_DEPTH} levels")
     return body
 
 

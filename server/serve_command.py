@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from .args import ArgumentError, ServerConfig, parse_args, usage
@@ -19,6 +20,27 @@ def _setup_logging(config: ServerConfig) -> None:
         logging.INFO if config.verbosity >= 3 else logging.WARNING if config.verbosity == 2 else logging.ERROR)
     kwargs = {"filename": config.log_file} if config.log_file else {"stream": sys.stderr}
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", **kwargs)
+
+
+GRACEFUL_SHUTDOWN_S = 30  # at most this long for open connections to finish after SIGTERM
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, which also tells the scheduler to end in-flight requests when a
+        signal stops it: uvicorn stops accepting, the scheduler sends every running request an
+        error event (or error body), the connections close, and the process exits 0."""
+
+        on_exit = None
+
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            if self.on_exit is not None:
+                self.on_exit()
+
+    return Server
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .app import create_app
 
+    _Server = _server_class()
     app = create_app(config)
     failed: list[BaseException] = []
     server_ref: list[uvicorn.Server] = []
@@ -76,16 +99,22 @@ def main(argv: list[str] | None = None) -> int:
             server_ref[0].should_exit = True
 
     app.state.on_load_error = on_load_error
-    uv_kwargs = {"log_level": "warning" if not config.verbose else "info", "timeout_keep_alive": min(config.timeout, 3600)}
+    # keep-alive as upstream's (5 s); --timeout bounds each request instead (see Scheduler)
+    uv_kwargs = {"log_level": "warning" if not config.verbose else "info", "timeout_keep_alive": 5,
+                 "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
     if config.host.endswith(".sock"):
         uv_kwargs["uds"] = config.host
     else:
         uv_kwargs.update(host=config.host, port=config.port)
     if config.ssl_key_file or config.ssl_cert_file:
         uv_kwargs.update(ssl_keyfile=config.ssl_key_file, ssl_certfile=config.ssl_cert_file)
-    server = uvicorn.Server(uvicorn.Config(app, **uv_kwargs))
+    server = _Server(uvicorn.Config(app, **uv_kwargs))
+    server.on_exit = lambda: app.state.server.scheduler and app.state.server.scheduler.begin_shutdown()
     server_ref.append(server)
     log.info("listening on %s:%s", config.host, config.port)
+    # uvicorn re-raises the signal that stopped it once it is done, under the handler that was in
+    # place before it ran: with this one a SIGTERM shutdown ends with exit status 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     server.run()
     if failed:
         print(f"error: {failed[0]}", file=sys.stderr)

@@ -96,6 +96,7 @@ class SlotRun:
         self.t_last = 0.0
         self.spec = None  # speculation.SpecRow while this request speculates
         self.task_failed = False
+        self.fault: str | None = None  # faults.FaultPlan stage armed for this request (tests only)
         stops = self.opts.stop
         self.max_stop = max((len(s) for s in stops), default=0)
 

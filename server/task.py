@@ -104,6 +104,7 @@ class Task:
     id: int = field(default_factory=lambda: next(_task_ids))
     t_arrival: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
+    deadline: float | None = None  # perf_counter time past which the engine ends the task (--timeout)
 
     def cancel(self) -> None:
         self.cancelled.set()

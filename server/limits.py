@@ -1,0 +1,103 @@
+"""What one request may ask of the server, and the ASGI guard that holds request bodies to it.
+
+Upstream llama-server bounds a request only by its context size; a server behind chat UIs and
+scripts needs a few more limits so that no single request can exhaust memory or the queue. Each is
+a flag with a default that no ordinary client reaches:
+
+- ``--max-body-size`` (bytes, default 32 MiB): larger bodies get 413 before they are read whole;
+- ``--max-prompt-tokens`` (default 0: the context size is the only bound);
+- ``--max-queue`` (default 256, or ``MLXCEL_MAX_QUEUE``): accepted requests waiting for a slot;
+  past it new requests get 503 at once;
+- ``-n`` (upstream's flag) caps every request's ``n_predict`` when it is positive (applied in
+  ``request_params``).
+
+A few bounds are fixed rather than flags, because no legitimate request comes near them: at most
+:data:`MAX_STOP_STRINGS` stop strings, and JSON bodies at most :data:`MAX_JSON_DEPTH` levels deep.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .errors import invalid, payload_too_large
+from .sse import JsonResponse
+
+DEFAULT_MAX_BODY = 32 * 1024 * 1024
+DEFAULT_MAX_QUEUE = 256
+MAX_STOP_STRINGS = 256
+MAX_JSON_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_body: int = DEFAULT_MAX_BODY
+    max_prompt_tokens: int = 0  # 0: only the context bounds a prompt
+    max_queue: int = DEFAULT_MAX_QUEUE
+
+    @classmethod
+    def from_config(cls, config) -> Limits:
+        queue = config.max_queue
+        if queue is None:
+            try:
+                queue = int(os.environ.get("MLXCEL_MAX_QUEUE", DEFAULT_MAX_QUEUE))
+            except ValueError:
+                queue = DEFAULT_MAX_QUEUE
+        return cls(max_body=config.max_body_size, max_prompt_tokens=config.max_prompt_tokens,
+                   max_queue=max(1, queue))
+
+    def check_prompt(self, n_tokens: int) -> None:
+        if self.max_prompt_tokens > 0 and n_tokens > self.max_prompt_tokens:
+            raise invalid(f"the prompt has {n_tokens} tokens; this server accepts at most "
+                          f"{self.max_prompt_tokens} (--max-prompt-tokens)")
+
+
+def check_stop_count(stops: list) -> None:
+    if len(stops) > MAX_STOP_STRINGS:
+        raise invalid(f"Field 'stop': at most {MAX_STOP_STRINGS} stop strings are accepted, but got {len(stops)}")
+
+
+class BodyLimit:
+    """Wraps an ASGI ``receive`` so a body past ``limit`` bytes is refused with 413: at once when
+    ``Content-Length`` says so, else as soon as the chunks received pass it."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+
+    def declared_too_large(self, scope) -> int | None:
+        """The declared length when it is over the limit (or unparseable: -1), else None."""
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    size = int(value)
+                except ValueError:
+                    return -1
+                return size if size > self.limit or size < 0 else None
+        return None
+
+    def wrap(self, receive):
+        seen = 0
+        limit = self.limit
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:
+                    raise BodyTooLarge(limit)
+            return message
+
+        return limited
+
+    async def refuse(self, size: int | None, scope, receive, send) -> None:
+        err = payload_too_large(size if size and size > 0 else None, self.limit)
+        await JsonResponse(err.body(), status_code=err.status, headers={"Connection": "close"})(scope, receive, send)
+
+
+class BodyTooLarge(Exception):
+    """Raised inside a handler's body read; the app turns it into the 413 error body."""
+
+    def __init__(self, limit: int):
+        super().__init__(limit)
+        self.error = payload_too_large(None, limit)
