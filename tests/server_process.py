@@ -35,14 +35,15 @@ def server_env() -> dict:
 class ServerProcess:
     """``python -m mlxcel.server.serve_command ARGS --port P``, waited for until /health is 200."""
 
-    def __init__(self, *args: str, timeout: float = 180.0):
+    def __init__(self, *args: str, timeout: float = 180.0, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "mlxcel.server.serve_command", *args, "--host", "127.0.0.1",
                "--port", str(self.port)]
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlxcel-server-{self.port}.log"
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=server_env(), stdout=self._log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env={**server_env(), **(env or {})}, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.poll() is not None:
@@ -56,6 +57,13 @@ class ServerProcess:
                 self.stop()
                 raise RuntimeError(f"server did not become healthy:\n{self.log()}")
             time.sleep(0.2)
+
+    def rss_kib(self) -> int:
+        """The server's resident memory now, from ``/proc/<pid>/status`` (Linux)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+        raise RuntimeError("no VmRSS line")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
