@@ -28,23 +28,7 @@ from mlx_lm.models.cache import KVCache
 
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.mtp_checkpoint import EMBEDDING_FIRST, MtpCheckpoint, MtpModuleWeights
-
-
-def _inner(model: nn.Module) -> nn.Module:
-    """The decoder stack (``embed_tokens``, ``layers``, ``norm``) of an mlx-lm model."""
-    inner = getattr(model, "model", None)
-    if inner is None or not hasattr(inner, "embed_tokens"):
-        raise ModelLoadError(f"{type(model).__module__}: no model.embed_tokens; an MTP head cannot bind to it")
-    return inner
-
-
-def output_head(model: nn.Module):
-    """The target's output projection as a function of the normed hidden state."""
-    owner = getattr(model, "language_model", model)  # multimodal wrappers (Qwen3.5) nest the LM
-    head = getattr(owner, "lm_head", None)
-    if head is not None:
-        return head
-    return _inner(model).embed_tokens.as_linear
+from mlxcel.engine.target_features import head_logits, inner_model
 
 
 def attention_layer(model: nn.Module) -> nn.Module:
@@ -101,9 +85,9 @@ class MtpHead:
     """An MTP checkpoint bound to a loaded target: ``step`` runs entries through module 0."""
 
     def __init__(self, checkpoint: MtpCheckpoint, target_model: nn.Module):
-        inner = _inner(target_model)
+        inner = inner_model(target_model)
+        self.target_model = target_model
         self.embed_tokens = inner.embed_tokens
-        self.head = output_head(target_model)
         self.chain_normed = checkpoint.chain_normed
         self.checkpoint = checkpoint
         dtype = inner.norm.weight.dtype
@@ -124,5 +108,5 @@ class MtpHead:
         before each token). Returns logits ``[n, V]`` and the hidden each entry chains on ``[n, H]``."""
         embeds = self.embed_tokens(mx.array([tokens]))
         raw, normed = self.module(embeds, hidden[None].astype(embeds.dtype), cache)
-        logits = self.head(normed)
+        logits = head_logits(self.target_model, normed)
         return logits[0], (normed if self.chain_normed else raw)[0]
