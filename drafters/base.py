@@ -87,6 +87,8 @@ class ModelDrafter(Drafter):
     def observe_target(self, features: TargetFeatures) -> None:
         """The target's cache gained ``features.length`` tokens; these are their features, in order."""
 
-    def block_width(self, k: int) -> int:
-        """The verify width a block of ``k`` drafts will use (k + 1); the round probes this width."""
-        return k + 1
+    def probe_widths(self, k: int) -> tuple[int, ...]:
+        """Verify widths (rows) the exactness probe must clear, besides the block's own, before a
+        block of up to ``k`` drafts is scored in one forward (a drafter whose width adapts names
+        every width it may use)."""
+        return ()

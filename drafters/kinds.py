@@ -91,3 +91,20 @@ def explicit_kind_error(kind: str) -> MlxcelError:
         f"the classic draft-model path (--draft-model){hint}. Kind-specific round loops belong to "
         f"{SERVER_COMMAND} --draft-kind {kind}{served}; or drop --draft-kind."
     )
+
+
+def load_model_drafter(path: str | Path, *, target_vocab_size: int | None = None, eos_token_ids=(), tokenizer=None):
+    """The model-based drafter a drafter-only checkpoint describes (DFlash, DSpark or Muse Glimmer
+    assistant, by structure), loaded and ready to bind to its target."""
+    from .dflash import DFlashDrafter
+    from .dspark import DSparkDrafter
+    from .muse_glimmer import MuseGlimmerDrafter
+
+    family = drafter_structure(read_drafter_config(path))
+    classes = {"dflash": DFlashDrafter, "dspark": DSparkDrafter, "muse-glimmer": MuseGlimmerDrafter}
+    if family not in classes:
+        raise MlxcelError(f"{path} is not a DFlash, DSpark or Muse Glimmer assistant drafter checkpoint "
+                          "(its config.json names none of their structures)")
+    return classes[family].load(path, target_vocab_size=target_vocab_size, eos_token_ids=eos_token_ids,
+                                tokenizer=tokenizer)
+

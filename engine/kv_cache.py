@@ -14,9 +14,10 @@ When a rewind is exact, per cache kind:
 - ``KVCache`` / ``QuantizedKVCache``: always (entries are stored per position; trimming just
   moves the write offset back).
 - ``ConcatenateKVCache``: always; the stored arrays are sliced to the new length.
-- ``RotatingKVCache``: only while it has never evicted anything, i.e. it holds no more
-  tokens than its window (``offset <= max_size``). Once it has wrapped, the tokens a
-  shorter sequence would attend to are gone, so the rewind is refused.
+- ``RotatingKVCache``: while it has never evicted anything (``offset <= max_size``); once
+  it has wrapped, only the newest entries of a multi-token forward, which mlx-lm keeps in
+  temporal order on top of a full window (what a speculative verify round needs to drop its
+  rejected drafts). Anything else would need evicted tokens back, so it is refused.
 - ``ChunkedKVCache``: only back to the start of its current chunk.
 - ``ArraysCache`` (SSM / linear-attention state): never; the state is a running summary
   that cannot be un-applied. Rewinding by 0 is always allowed.
@@ -66,7 +67,7 @@ def _refusal(c: Any, n: int) -> str | None:
     if offset is not None and n > offset:
         return f"it holds only {offset} tokens"
     if isinstance(c, RotatingKVCache):
-        if c.offset > c.max_size:
+        if c.offset > c.max_size and not _recent_in_order(c, n):
             return (f"its sliding window ({c.max_size} tokens) has already wrapped "
                     f"({c.offset} tokens seen); the evicted tokens cannot be restored")
         return None
@@ -79,6 +80,17 @@ def _refusal(c: Any, n: int) -> str | None:
     if offset is None:
         return f"{type(c).__name__} does not track token positions"
     return None
+
+
+def _recent_in_order(c: RotatingKVCache, n: int) -> bool:
+    """A wrapped rotating cache can still drop its newest ``n`` tokens right after a multi-token
+    forward: mlx-lm then stores the window in temporal order plus the block (``max_size - 1 + S``
+    entries), so ``n`` of the block's entries can go as long as a full window stays (or the
+    buffer still holds every token of the shorter sequence)."""
+    if c.keys is None or c._idx != c.keys.shape[2]:
+        return False
+    kept = c.keys.shape[2] - n
+    return kept >= c.max_size or kept == c.offset - n  # a full window stays, or nothing was evicted
 
 
 def can_rewind(cache: list[Any], n: int) -> bool:
@@ -108,6 +120,14 @@ def rewind(cache: list[Any], n: int) -> None:
             c.offset -= n
             c.keys = c.keys[..., : c.offset, :]
             c.values = c.values[..., : c.offset, :]
+        elif isinstance(c, RotatingKVCache) and c.offset > c.max_size:
+            # Wrapped, but a multi-token forward just left the buffer in temporal order with at least
+            # max_size entries to spare: dropping its newest n leaves what a forward of the shorter
+            # block would have left (the window behind every kept token is intact).
+            c.keys = c.keys[..., : c.keys.shape[2] - n, :]
+            c.values = c.values[..., : c.values.shape[2] - n, :]
+            c.offset -= n
+            c._idx = c.keys.shape[2]
         elif isinstance(c, RotatingKVCache):
             # Never wrapped, so the buffer is in temporal order and _idx tracks offset.
             c.offset -= n

@@ -104,7 +104,8 @@ def verify_round(
         if drafts and getattr(drafter, "probe_gated", False):
             from .exactness_probe import block_verdict
 
-            block_exact = block_verdict(model, len(block), vocab_size=chain.vocab_size).exact
+            widths = {len(block), *getattr(drafter, "probe_widths", lambda _k: ())(k)}
+            block_exact = all(block_verdict(model, w, vocab_size=chain.vocab_size).exact for w in sorted(widths))
 
     if block_exact or not drafts:
         features = _forward(model, block, cache, layers)

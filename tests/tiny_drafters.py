@@ -18,9 +18,9 @@ Drafters (config.json + model.safetensors, no embeddings and no LM head):
   ``target_layer_ids`` / ``mask_token_id`` / ``block_size``, sliding-attention layers; tensors
   ``encoder.fc.weight``, ``encoder.output_norm_enc.weight``, ``layers.N.*``, ``norm.weight``).
 
-``teacher=`` copies a target's decoder layer into every drafter layer and sets ``fc`` so the
-drafter's context is the target's own last hidden state: such a drafter agrees with the target
-often (but not always), which gives the tests mixed acceptance.
+``fc`` mostly passes the last listed target layer through, so the drafter's context rows are
+close to the target's own late hidden states; the layers are random. ``logit_scale`` scales the
+final norms (a target's or a drafter's), hence how peaked p and q are.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ def _save(out: Path, config: dict, params: dict) -> Path:
 
 
 def build_target(out: Path, arch: str, *, seed: int = 0, layers: int = 4, hidden: int = 64,
-                 window: int = 24) -> Path:
-    """A tiny ``arch`` target (``qwen3`` or ``muse_glimmer``; ``llama``/``qwen2`` too) with a tokenizer."""
+                 window: int = 24, logit_scale: float = 1.0) -> Path:
+    """A tiny ``arch`` target (``qwen3`` or ``muse_glimmer``; ``llama``/``qwen2`` too) with a tokenizer.
+    ``logit_scale`` scales the final norm, hence the logits (small: a diffuse p)."""
     from mlx_lm.utils import _get_classes
 
     vocab = build_tokenizer(out)
@@ -73,6 +74,7 @@ def build_target(out: Path, arch: str, *, seed: int = 0, layers: int = 4, hidden
             params[name] = mx.random.normal(params[name].shape) * (4.0 if arch == "muse_glimmer" else 0.5)
         elif arch == "muse_glimmer" and name.endswith("layernorm.weight"):
             params[name] = mx.random.normal(params[name].shape) * 0.1  # centred norms: 1 + weight
+    params["model.norm.weight"] = params["model.norm.weight"] * logit_scale
     if config.get("tie_word_embeddings"):
         params.pop("lm_head.weight", None)
     _save(out, config, params)
@@ -102,7 +104,7 @@ def _layer_params(rng_seed: int, hidden: int, heads: int, kv_heads: int, head_di
 
 
 def _backbone(target_dir: Path, layer_ids: list[int], *, layers: int, seed: int, head_dim: int | None = None,
-              teacher: bool = True) -> tuple[dict, dict]:
+              teacher: bool = True, logit_scale: float = 1.0) -> tuple[dict, dict]:
     """Shared shape + tensors of the three formats (HF names without a prefix)."""
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
     hidden = tcfg["hidden_size"]
@@ -129,13 +131,13 @@ def _backbone(target_dir: Path, layer_ids: list[int], *, layers: int, seed: int,
         fc = mx.random.normal((hidden, n * hidden)) * (n * hidden) ** -0.5
     params["fc.weight"] = fc
     params["hidden_norm.weight"] = mx.ones((hidden,))
-    params["norm.weight"] = mx.ones((hidden,))
+    params["norm.weight"] = mx.ones((hidden,)) * logit_scale
     return shape, params
 
 
 def build_dflash(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int = 1, block_size: int = 8,
-                 mask_token_id: int = 3, seed: int = 11) -> Path:
-    shape, params = _backbone(target_dir, list(layer_ids), layers=layers, seed=seed)
+                 mask_token_id: int = 3, seed: int = 11, logit_scale: float = 1.0) -> Path:
+    shape, params = _backbone(target_dir, list(layer_ids), layers=layers, seed=seed, logit_scale=logit_scale)
     config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", **shape, "rope_theta": 10000.0,
               "block_size": block_size,
               "dflash_config": {"target_layer_ids": list(layer_ids), "mask_token_id": mask_token_id},
@@ -144,8 +146,8 @@ def build_dflash(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int =
 
 
 def build_dspark(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int = 1, block_size: int = 5,
-                 mask_token_id: int = 3, rank: int = 8, seed: int = 12) -> Path:
-    shape, params = _backbone(target_dir, list(layer_ids), layers=layers, seed=seed)
+                 mask_token_id: int = 3, rank: int = 8, seed: int = 12, logit_scale: float = 1.0) -> Path:
+    shape, params = _backbone(target_dir, list(layer_ids), layers=layers, seed=seed, logit_scale=logit_scale)
     vocab = shape["vocab_size"]
     mx.random.seed(seed + 1)
     params["markov_head.markov_w1.weight"] = mx.random.normal((vocab, rank)) * 0.3
@@ -160,8 +162,8 @@ def build_dspark(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int =
 
 
 def build_muse_assistant(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int = 1, block_size: int = 8,
-                         mask_token_id: int = 3, window: int = 24, seed: int = 13) -> Path:
-    shape, params = _backbone(target_dir, list(layer_ids), layers=layers, seed=seed)
+                         mask_token_id: int = 3, window: int = 24, seed: int = 13, logit_scale: float = 1.0) -> Path:
+    shape, params = _backbone(target_dir, list(layer_ids), layers=layers, seed=seed, logit_scale=logit_scale)
     params["encoder.fc.weight"] = params.pop("fc.weight")
     params["encoder.output_norm_enc.weight"] = params.pop("hidden_norm.weight")
     config = {"architectures": ["MuseGlimmerAssistantModel"], "model_type": "muse_glimmer_assistant", **shape,
