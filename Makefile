@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # Preloads OpenBLAS on a Linux CPU (see engine/device.py).
 RUN := ./scripts/with-blas
 
-.PHONY: setup setup-test serve test test-slow test-all bench bench-server lint clean
+.PHONY: setup setup-test serve test test-slow test-all fuzz bench bench-server lint clean
 
 setup:
 	./scripts/setup.sh
@@ -27,6 +27,11 @@ test-slow: setup-test
 
 test-all: setup-test
 	$(RUN) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# schemathesis over the server's OpenAPI document, long run (the default suite runs a short slice)
+FUZZ_EXAMPLES ?= 150
+fuzz: setup-test
+	MLXCEL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(RUN) $(PY) -m pytest -q -s tests/test_server_fuzz.py $(PYTEST_ARGS)
 
 bench: setup
 	$(RUN) $(PY) scripts/bench_generate.py $(ARGS)

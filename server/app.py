@@ -633,6 +633,12 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
     router.add_api_route("/v1/chat/completions", chat_completions, methods=["POST"])
     router.add_api_route("/chat/completions", chat_completions, methods=["POST"])
 
+    @router.get("/openapi.json")
+    async def openapi_document():
+        from .openapi import document
+
+        return JsonResponse(document())
+
     @router.get("/")
     async def root():
         return Response("mlxcel-server: llama-server compatible API (no web UI)\n", media_type="text/plain")
