@@ -37,8 +37,10 @@ from typing import Any
 import mlx.core as mx
 
 from .acceptance import (
+    ACCEPT_STREAM,
     ARGMAX_AGAINST_ARGMAX,
     GREEDY_ARGMAX,
+    RESIDUAL_STREAM,
     SAMPLER_MATCH,
     SAMPLER_MATCH_NO_Q,
     STOCHASTIC,
@@ -46,11 +48,13 @@ from .acceptance import (
     closed_forms,
     one_hot_rows,
     rejection_sample,
+    residual_distribution,
     walk_chain,
 )
 from .draft_proposal import Proposal
 from .kv_cache import rewind
-from .sampler_chain import SamplerChain
+from .random_keys import position_key
+from .sampler_chain import SamplerChain, sample
 from .target_features import TargetFeatures, forward_with_features
 
 
@@ -158,32 +162,49 @@ def _decide(rule, chain, logits, sequence, drafts, q, seed, position):
 
 
 def _chain_verify(model, cache, chain, rule, sequence, drafts, q, seed, position, layers):
-    """Score the block one forward per token (what plain decoding computes, bit for bit). Under
-    the argmax rules the walk stops at the first mismatch, so a rejected draft costs no extra
-    forward; the sampling rules score every row and decide as the block path does.
-    Returns (outcome, p, features of the forwarded rows, tokens forwarded)."""
+    """Score the block one forward per token (what plain decoding computes, bit for bit), deciding
+    each draft as soon as its row exists and stopping at the first rejection, so nothing past the
+    emitted sequence is ever forwarded (no rewind; this works on any cache, a wrapped sliding
+    window included). Every decision is the one the block path makes for that row: the same
+    history, the same position keys. Returns (outcome, None, features of the rows, rows)."""
+    history = [int(t) for t in sequence]
     block = [int(sequence[-1]), *drafts]
     parts: list[TargetFeatures] = []
-    if rule in (GREEDY_ARGMAX, ARGMAX_AGAINST_ARGMAX):
-        choices: list[int] = []
-        for i, token in enumerate(block):
-            part = _forward(model, [token], cache, layers)
-            parts.append(part)
-            if rule == GREEDY_ARGMAX:
-                choice = chain.select(part.logits, sequence, drafts[:i], seed, position + i)[0]
-            else:
-                choice = int(chain.adjusted_logits(part.logits, sequence, drafts[:i]).argmax(axis=-1).item())
-            choices.append(choice)
-            if i == len(drafts) or choice != drafts[i]:
-                break
-        n = len(choices) - 1
-        outcome = ChainOutcome(n, drafts[:n] + [choices[-1]], min(n + 1, len(drafts)))
-        return outcome, None, TargetFeatures.join(parts), len(parts)
-    for token in block:
-        parts.append(_forward(model, [token], cache, layers))
-    features = TargetFeatures.join(parts)
-    outcome, p = _decide(rule, chain, features.logits, sequence, drafts, q, seed, position)
-    return outcome, p, features, len(block)
+    for i, token in enumerate(block):
+        part = _forward(model, [token], cache, layers)
+        parts.append(part)
+        draft = drafts[i] if i < len(drafts) else None
+        q_row = q[i] if (q is not None and draft is not None) else None
+        accepted, emit = _row_verdict(rule, chain, part.logits, history, draft, q_row, seed, position + i)
+        if not accepted:
+            outcome = ChainOutcome(i, drafts[:i] + [int(emit)], min(i + 1, len(drafts)))
+            return outcome, None, TargetFeatures.join(parts), len(parts)
+        history.append(int(draft))
+    raise AssertionError("unreachable: the bonus row always ends the round")
+
+
+def _row_verdict(rule, chain, row, history, draft, q_row, seed, position):
+    """One row of a chain-verified block: (draft accepted?, the token to emit if the round ends
+    here). ``draft`` None is the bonus row. Row for row the block rules' decisions."""
+    if rule == STOCHASTIC:
+        p = chain.distribution(row, history, (), seed, position)[0]
+        if draft is None:
+            return False, sample(p, position_key(seed, position))
+        if q_row is None:
+            raise ValueError("the stochastic rule needs the drafter's proposal distribution q")
+        q_row = _align(q_row[None], p.shape[-1])[0]
+        u = mx.random.uniform(key=position_key(seed, position, ACCEPT_STREAM))
+        p_d, q_d = p[draft], q_row[draft]
+        if bool(((u * q_d <= p_d) & (p_d > 0)).item()):
+            return True, None
+        return False, sample(residual_distribution(p, q_row), position_key(seed, position, RESIDUAL_STREAM))
+    if rule == ARGMAX_AGAINST_ARGMAX:
+        choice = int(chain.adjusted_logits(row, history).argmax(axis=-1).item())
+    elif rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
+        choice = chain.select(row, history, (), seed, position)[0]
+    else:
+        raise ValueError(f"unknown acceptance rule {rule!r}")
+    return (draft is not None and choice == draft), choice
 
 
 def _align(q: mx.array, vocab: int) -> mx.array:
