@@ -49,8 +49,9 @@ class MtpDrafter(ModelDrafter):
     kind = "mtp"
     feature_layers: tuple[int, ...] = ()  # reads only the final normalised hidden state
 
-    def __init__(self, checkpoint: MtpCheckpoint):
+    def __init__(self, checkpoint: MtpCheckpoint, *, prefill_step: int = 512):
         self.checkpoint = checkpoint
+        self.prefill_step = max(1, int(prefill_step))
         self.head: MtpHead | None = None
         self._bound_to: Any = None
         self.cache: list[Any] = []
@@ -61,9 +62,10 @@ class MtpDrafter(ModelDrafter):
         self.seed = 0
 
     @classmethod
-    def load(cls, target_path: str | Path, assistant_path: str | Path | None = None) -> MtpDrafter:
+    def load(cls, target_path: str | Path, assistant_path: str | Path | None = None, *,
+             prefill_step: int = 512) -> MtpDrafter:
         """The target's own MTP layers, or those of a separate assistant checkpoint."""
-        return cls(load_mtp(target_path, assistant_path))
+        return cls(load_mtp(target_path, assistant_path), prefill_step=prefill_step)
 
     # -- binding and state -------------------------------------------------------------------
 
@@ -118,7 +120,12 @@ class MtpDrafter(ModelDrafter):
         e = self.entries
         hidden = mx.concatenate(self.owed, axis=0) if len(self.owed) > 1 else self.owed[0]
         self.owed = []
-        logits, chained = self.head.step([int(t) for t in sequence[e + 1:length]], hidden, self.cache)
+        tokens = [int(t) for t in sequence[e + 1:length]]
+        for i in range(0, len(tokens), self.prefill_step):  # a long prompt is fed in chunks
+            logits, chained = self.head.step(tokens[i:i + self.prefill_step], hidden[i:i + self.prefill_step],
+                                             self.cache)
+            if i + self.prefill_step < len(tokens):
+                mx.eval([c.state for c in self.cache])
         history = [int(t) for t in sequence]
         drafts: list[int] = []
         rows: list[mx.array] = []
