@@ -28,7 +28,7 @@ from .chat_template import apply_template, normalize_messages, resolve_template
 from .auth import ApiKeys, invalid_key
 from .cors import Cors
 from .errors import ApiError, context_exceeded, invalid, not_found_body, not_supported, unavailable
-from .limits import BodyLimit, BodyTooLarge, Limits, check_stop_count
+from .limits import BodyLimit, BodyTooLarge, Limits
 from .metrics import Metrics
 from .prompts import check_tokens, split_prompts, tokenize_prompt, tokenize_text
 from .request_params import DEFAULT_SAMPLERS, ServerDefaults, generation_options, parse_samplers

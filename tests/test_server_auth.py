@@ -121,8 +121,8 @@ def test_no_route_reads_or_writes_a_file_a_request_names(server, tmp_path):
     target = tmp_path / "written.bin"
     auth = {"Authorization": "Bearer cli-key-1"}
     calls = [
-        ("POST", f"/slots/0?action=save", {"filename": str(target)}),
-        ("POST", f"/slots/0?action=restore", {"filename": str(fifo)}),
+        ("POST", "/slots/0?action=save", {"filename": str(target)}),
+        ("POST", "/slots/0?action=restore", {"filename": str(fifo)}),
         ("POST", "/props", {"chat_template_file": str(fifo), "api_key_file": str(fifo)}),
         ("POST", "/completion", {"prompt": "hi", "n_predict": 1, "model": str(fifo), "grammar_file": str(fifo),
                                  "slot_save_path": str(tmp_path), "filename": str(target)}),

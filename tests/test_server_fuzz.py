@@ -1,7 +1,7 @@
 """Schemathesis over the server's own OpenAPI document (``GET /openapi.json``, ``server/openapi.py``)
-against a real server: no 5xx, and every response has a documented status, content type and body
-schema. Both schema-valid bodies and schema-violating ones (wrong types, missing required fields)
-are sent.
+against a real server: no 5xx, every response has a documented status, content type and body
+schema, and every schema-violating body (wrong types, missing required fields, wrong methods) is
+refused with a 4xx. Both schema-valid and schema-violating requests are sent.
 
 The default suite runs a short, derandomized slice (``MLXCEL_FUZZ_EXAMPLES``, default 8 examples per
 operation and mode); ``make fuzz`` runs 150 per operation. The server runs with ``-n 4 -c 256`` so
@@ -17,14 +17,15 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
-from schemathesis.checks import (content_type_conformance, not_a_server_error, response_schema_conformance,
-                                 status_code_conformance)
+from schemathesis.checks import (content_type_conformance, negative_data_rejection, not_a_server_error,
+                                 response_schema_conformance, status_code_conformance)
 
 from mlxcel.server.openapi import document
 from server_process import ServerProcess
 
 EXAMPLES = int(os.environ.get("MLXCEL_FUZZ_EXAMPLES", "8"))
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
+CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,
+          negative_data_rejection]
 
 schema = schemathesis.openapi.from_dict(document())
 schema.config.generation.update(modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
