@@ -3,8 +3,10 @@ CPU build uses.
 
 Measured on an x86-64 CPU with MLX's Linux wheel (SmolLM2-135M): quantized, f16 and bf16 weights
 all decode slower than f32, and MLX's bundled reference BLAS makes f32 prefill ~20x slower than
-OpenBLAS. So on the CPU we dequantize to float32 and preload OpenBLAS; on Metal and CUDA the
-weights stay as shipped (quantized kernels are the fast path there) and nothing is preloaded.
+OpenBLAS. So on the CPU we dequantize to float32 and preload OpenBLAS, with the one-row matmul
+shim ahead of it (``blas_shim.py``: decode-step matmuls as sgemv, 1.4x per step here); on Metal
+and CUDA the weights stay as shipped (quantized kernels are the fast path there) and nothing is
+preloaded.
 """
 
 from __future__ import annotations
@@ -60,27 +62,45 @@ def openblas_library() -> str | None:
     return None
 
 
+def preload_libraries(env: dict | None = None) -> list[str]:
+    """What a Linux CPU process preloads, in order: the one-row matmul shim
+    (``blas_shim.py``; it must come before OpenBLAS to answer ``cblas_sgemm`` first) and
+    OpenBLAS. Empty when OpenBLAS is absent. ``env`` (default: this process's) may turn the
+    shim off with ``MLXCEL_SGEMV=0``."""
+    lib = openblas_library()
+    if lib is None:
+        return []
+    from .blas_shim import shim_library
+
+    shim = shim_library(env)
+    return [shim, lib] if shim else [lib]
+
+
 def env_with_fast_blas(env: dict | None = None) -> dict:
     """A copy of ``env`` (default: this process's) in which a child process starts with OpenBLAS
-    preloaded, on a Linux machine that has it; unchanged elsewhere."""
+    (and the one-row matmul shim) preloaded, on a Linux machine that has it; unchanged elsewhere."""
     env = dict(os.environ if env is None else env)
-    lib = openblas_library()
-    if sys.platform.startswith("linux") and lib is not None and lib not in env.get("LD_PRELOAD", ""):
-        env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
+    if not sys.platform.startswith("linux"):
+        return env
+    present = env.get("LD_PRELOAD", "")
+    missing = [lib for lib in preload_libraries(env) if lib not in present]
+    if missing:
+        env["LD_PRELOAD"] = ":".join(p for p in (*missing, present) if p)
         env[_PRELOAD_MARK] = "1"
     return env
 
 
 def reexec_with_fast_blas() -> None:
-    """On a Linux CPU, re-execute this process with OpenBLAS preloaded (MLX then resolves its
-    BLAS symbols there instead of the bundled reference BLAS). A no-op on macOS, when the
-    library is absent, when already done, or when ``MLXCEL_BLAS_PRELOAD=0``."""
+    """On a Linux CPU, re-execute this process with OpenBLAS (and the one-row matmul shim)
+    preloaded: MLX then resolves its BLAS symbols there instead of the bundled reference BLAS. A
+    no-op on macOS, when the library is absent, when already done, or when
+    ``MLXCEL_BLAS_PRELOAD=0``."""
     if not sys.platform.startswith("linux") or os.environ.get(_PRELOAD_MARK):
         return
     if os.environ.get("MLXCEL_BLAS_PRELOAD", "1").lower() in ("0", "false", "no", "off"):
         return
-    lib = openblas_library()
-    if lib is None or lib in os.environ.get("LD_PRELOAD", ""):
+    present = os.environ.get("LD_PRELOAD", "")
+    if all(lib in present for lib in preload_libraries()):
         return
     env = env_with_fast_blas()
     argv = [sys.executable, *sys.orig_argv[1:]] if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]

@@ -1,0 +1,126 @@
+"""The CPU decode speed paths: the one-row matmul shim (``engine/blas_shim.py``).
+
+* in a process started the project's way (``scripts/with-blas``, or a server started through
+  ``env_with_fast_blas``) the shim is loaded ahead of OpenBLAS;
+* every form of one-row matmul MLX can send (``x @ W.T``, ``x @ W``, a transposed ``x``, ``addmm``
+  with alpha/beta) is answered by the shim and equals a float64 reference, and multi-row
+  matmuls are left to OpenBLAS's sgemm;
+* decoding through it is still exact: greedy decoding equals the argmax of a full recompute
+  (``test_decode.py``) and SmolLM2's greedy tokens equal those of a process without the shim.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxcel.engine import blas_shim
+from mlxcel.engine.device import env_with_fast_blas, preload_libraries
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def loaded_libraries() -> str:
+    try:
+        return Path("/proc/self/maps").read_text()
+    except OSError:
+        return ""
+
+
+def shim_handle():
+    maps = loaded_libraries()
+    if "libopenblas" not in maps:
+        pytest.skip("OpenBLAS is not preloaded in this process (run through scripts/with-blas)")
+    path = blas_shim.shim_library()
+    if path is None:
+        pytest.skip("no C compiler: the shim cannot be built here")
+    assert path in maps, "scripts/with-blas preloads OpenBLAS but not the shim"
+    return ctypes.CDLL(path)
+
+
+def sgemv_calls(lib) -> int:
+    return ctypes.c_long.in_dll(lib, "mlxcel_sgemv_calls").value
+
+
+def test_the_shim_comes_first_in_a_childs_preload():
+    if not sys.platform.startswith("linux") or not preload_libraries():
+        pytest.skip("no OpenBLAS on this machine")
+    libs = preload_libraries()
+    preload = env_with_fast_blas({"PATH": os.environ.get("PATH", "")})["LD_PRELOAD"].split(":")
+    assert preload[: len(libs)] == libs
+    if blas_shim.shim_library() is not None:
+        assert "libmlxcel_sgemv" in preload[0] and "libopenblas" in preload[1]
+    off = env_with_fast_blas({"PATH": os.environ.get("PATH", ""), "MLXCEL_SGEMV": "0"})["LD_PRELOAD"]
+    assert "libmlxcel_sgemv" not in off and "libopenblas" in off
+
+
+@pytest.mark.parametrize("n,k", [(7, 5), (96, 64), (1536, 576)])
+def test_one_row_matmuls_go_through_sgemv_and_are_right(n, k):
+    lib = shim_handle()
+    rng = np.random.default_rng(n * 1000 + k)
+    w = rng.standard_normal((n, k)).astype(np.float32)  # a Linear weight: out x in
+    wt = np.ascontiguousarray(w.T)  # in x out
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    c = rng.standard_normal((1, n)).astype(np.float32)
+    xm, wm, wtm, cm = mx.array(x), mx.array(w), mx.array(wt), mx.array(c)
+    x_col = mx.array(np.ascontiguousarray(x.T))  # k x 1: its transpose is a strided one-row operand
+    ref = x.astype(np.float64) @ w.T.astype(np.float64)
+    cases = {
+        "x @ W.T": lambda: xm @ wm.T,
+        "x @ Wt": lambda: xm @ wtm,
+        "x_col.T @ W.T": lambda: x_col.T @ wm.T,
+        "addmm": lambda: mx.addmm(cm, xm, wm.T, alpha=0.5, beta=2.0),
+    }
+    for name, f in cases.items():
+        before = sgemv_calls(lib)
+        out = np.array(f())
+        assert sgemv_calls(lib) == before + 1, f"{name}: not answered by the shim"
+        want = 0.5 * ref + 2.0 * c if name == "addmm" else ref
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-4 * np.sqrt(k), err_msg=name)
+
+
+def test_multi_row_matmuls_are_left_to_sgemm():
+    lib = shim_handle()
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((96, 64)).astype(np.float32)
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    before = sgemv_calls(lib)
+    out = np.array(mx.array(x) @ mx.array(w).T)
+    assert sgemv_calls(lib) == before
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-3)
+
+
+GREEDY_SCRIPT = """
+import json, sys
+from mlxcel.engine.decode import generate_tokens
+from mlxcel.engine.loading import load_model
+from mlxcel.engine.sampler_chain import SamplerChain
+from mlxcel.engine.sampling_params import SamplerParams
+lm = load_model(None)
+prompt = lm.tokenizer.encode("The three laws of thermodynamics say that", add_special_tokens=False)
+chain = SamplerChain(SamplerParams(temperature=0.0, ignore_eos=True), vocab_size=lm.vocab_size)
+toks = [s.token for s in generate_tokens(lm.model, prompt, chain, cache=lm.make_cache(), max_tokens=24)]
+print(json.dumps({"tokens": toks, "maps_has_shim": "libmlxcel_sgemv" in open("/proc/self/maps").read()}))
+"""
+
+
+def test_smollm2_greedy_tokens_are_the_same_with_and_without_the_shim():
+    shim_handle()
+    runs = {}
+    for arm in ("1", "0"):
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXCEL_BLAS_PRELOADED")}
+        env["MLXCEL_SGEMV"] = arm
+        env = env_with_fast_blas(env)
+        out = subprocess.run([sys.executable, "-c", GREEDY_SCRIPT], env=env, cwd=REPO, capture_output=True,
+                             text=True, timeout=300, check=True).stdout
+        runs[arm] = json.loads(out.strip().splitlines()[-1])
+    assert runs["1"]["maps_has_shim"] and not runs["0"]["maps_has_shim"]
+    assert runs["1"]["tokens"] == runs["0"]["tokens"]
