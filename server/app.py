@@ -27,10 +27,11 @@ from .args import ServerConfig, parse_logit_bias_flag
 from .chat_template import apply_template, normalize_messages, resolve_template
 from .auth import ApiKeys, invalid_key
 from .cors import Cors
-from .errors import ApiError, context_exceeded, invalid, not_found_body, not_supported, unavailable
+from .errors import (ApiError, context_exceeded, context_exceeded_at_least, invalid, not_found_body, not_supported,
+                     unavailable)
 from .limits import BodyLimit, BodyTooLarge, Limits
 from .metrics import Metrics
-from .prompts import check_tokens, split_prompts, tokenize_prompt, tokenize_text
+from .prompts import check_tokens, least_tokens, longest_piece, split_prompts, tokenize_prompt, tokenize_text
 from .request_params import DEFAULT_SAMPLERS, ServerDefaults, generation_options, parse_samplers
 from .schema import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, check_range, parse_body, validate
 from .scheduler import Scheduler, TaskHandle
@@ -55,6 +56,7 @@ class ServerState:
     api_keys: list[str] = field(default_factory=list)
     limits: Limits = field(default_factory=Limits)
     n_params: int = 0  # counted at load time, so no MLX call happens on the event loop
+    piece_chars: int = 0  # longest vocabulary piece, for prompts.least_tokens
 
     @property
     def ready(self) -> bool:
@@ -240,6 +242,7 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
             state.model_name = config.alias.split(",")[0] if config.alias else (
                 config.model or config.hf_repo or loaded.path.name)
             state.token_text = TokenText(loaded.tokenizer)
+            state.piece_chars = longest_piece(loaded.tokenizer)
             from mlx.utils import tree_flatten
 
             state.n_params = int(sum(v.size for _, v in tree_flatten(loaded.model.parameters())))
@@ -312,6 +315,9 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
             raise context_exceeded(len(tokens), n_ctx)
 
     def prompt_tokens(prompt: Any) -> list[int]:
+        least = least_tokens(prompt, state.piece_chars)
+        if least >= state.scheduler.n_ctx:
+            raise context_exceeded_at_least(least, state.scheduler.n_ctx)
         tokens = tokenize_prompt(state.loaded, prompt)
         if not tokens:
             raise invalid("the prompt is empty: it must contain at least one token")

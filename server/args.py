@@ -80,7 +80,7 @@ class ServerConfig:
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
-    max_body_size: int = 32 * 1024 * 1024
+    max_body_size: int = 8 * 1024 * 1024
     max_prompt_tokens: int = 0
     max_queue: int | None = None  # None: MLXCEL_MAX_QUEUE, else 256
     cache_prompt: bool = True

@@ -73,6 +73,17 @@ def shutting_down() -> ApiError:
     return unavailable("the server is shutting down")
 
 
+def context_exceeded_at_least(n_least: int, n_ctx: int) -> ApiError:
+    """Like :func:`context_exceeded` for a prompt refused before it was tokenized: its size is a
+    lower bound."""
+    return ApiError(
+        f"request (at least {n_least} tokens) exceeds the available context size ({n_ctx} tokens), try increasing it",
+        "exceed_context_size_error",
+        n_prompt_tokens=n_least,
+        n_ctx=n_ctx,
+    )
+
+
 def not_found_body() -> dict:
     """Upstream's 404 body (its keys come in this order for unknown routes)."""
     return {"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}}

@@ -58,7 +58,7 @@ EXTENSIONS: list[Flag] = [
       note="prompt-lookup (same as --spec-type ngram-simple) or draft-model (same as draft-simple with -md); "
            "the model-based kinds (dflash, dspark, muse-glimmer, mtp, internal-mtp) are refused for now"),
     F("--max-body-size", "supported", "N", dest="max_body_size", type="int",
-      note="largest request body accepted, in bytes (default 33554432 = 32 MiB); larger ones get 413"),
+      note="largest request body accepted, in bytes (default 8388608 = 8 MiB); larger ones get 413"),
     F("--max-prompt-tokens", "supported", "N", dest="max_prompt_tokens", type="int",
       note="most prompt tokens one request may send (default 0: only the context size bounds it)"),
     F("--max-queue", "supported", "N", dest="max_queue", type="int",

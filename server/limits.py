@@ -4,7 +4,8 @@ Upstream llama-server bounds a request only by its context size; a server behind
 scripts needs a few more limits so that no single request can exhaust memory or the queue. Each is
 a flag with a default that no ordinary client reaches:
 
-- ``--max-body-size`` (bytes, default 32 MiB): larger bodies get 413 before they are read whole;
+- ``--max-body-size`` (bytes, default 8 MiB): larger bodies get 413 before they are read whole
+  (text is tokenized on the event loop, about a second per megabyte, so this also bounds that);
 - ``--max-prompt-tokens`` (default 0: the context size is the only bound);
 - ``--max-queue`` (default 256, or ``MLXCEL_MAX_QUEUE``): accepted requests waiting for a slot;
   past it new requests get 503 at once;
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 from .errors import invalid, payload_too_large
 from .sse import JsonResponse
 
-DEFAULT_MAX_BODY = 32 * 1024 * 1024
+DEFAULT_MAX_BODY = 8 * 1024 * 1024
 DEFAULT_MAX_QUEUE = 256
 MAX_STOP_STRINGS = 256
 MAX_JSON_DEPTH = 64

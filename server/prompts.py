@@ -76,3 +76,33 @@ def tokenize_prompt(loaded, prompt: Any) -> list[int]:
 def check_tokens(ids: list[int], vocab_size: int) -> None:
     if any(t < 0 or t >= vocab_size for t in ids):
         raise invalid("Prompt contains invalid tokens")
+
+
+# A token never stands for more than (longest vocabulary piece x this) characters of input, even
+# after normalization (composition can merge a couple of code points into one).
+_NORMALIZATION_SLACK = 4
+
+
+def longest_piece(tokenizer) -> int:
+    """Characters in the longest piece of the vocabulary (special tokens included)."""
+    tok = getattr(tokenizer, "_tokenizer", tokenizer)
+    try:
+        return max((len(piece) for piece in tok.get_vocab()), default=1) or 1
+    except Exception:  # a tokenizer without a vocabulary listing: no shortcut
+        return 0
+
+
+def least_tokens(prompt: Any, piece_chars: int) -> int:
+    """A lower bound on the token count of one prompt (any single form) without tokenizing it, so
+    that a prompt far past the context is refused at once instead of after seconds of tokenizing
+    (the tokenizer holds the event loop while it runs). 0 when ``piece_chars`` is unknown."""
+    if piece_chars <= 0:
+        return 0
+    per_token = piece_chars * _NORMALIZATION_SLACK
+    if isinstance(prompt, dict):
+        prompt = prompt.get("prompt_string")
+    if isinstance(prompt, str):
+        return len(prompt) // per_token
+    if isinstance(prompt, list):
+        return sum(1 if _is_token(p) else len(p) // per_token if isinstance(p, str) else 0 for p in prompt)
+    return 0

@@ -165,6 +165,8 @@ def corpus() -> list[Case]:
              "exceed_context_size_error"),
         Case("prompt-beyond-context/v1/chat", "/v1/chat/completions",
              {"messages": [{"role": "user", "content": long_text}]}, 400, "exceed_context_size_error"),
+        Case("prompt-far-beyond-context", "/completion", {"prompt": "word " * 38_000}, 400,
+             "exceed_context_size_error"),  # refused from its length alone, before tokenizing
         Case("prompt-tokens-beyond-context", "/completion", {"prompt": [1] * (N_CTX + 5)}, 400,
              "exceed_context_size_error"),
         Case("prompt-over-max-prompt-tokens", "/completion", {"prompt": [1] * (MAX_PROMPT + 1)}),
@@ -295,3 +297,21 @@ def test_edge_inputs_that_are_valid_succeed(client):
         assert r.status_code == 200, (body, r.text[:300])
     r = client.post("/tokenize", json={})
     assert r.status_code == 200 and r.json() == {"tokens": []}
+
+
+def test_the_untokenized_length_bound_never_overestimates(tiny_llama):
+    """``least_tokens`` may refuse a prompt without tokenizing it: it must be a true lower bound."""
+    import random
+
+    from mlxcel.server.prompts import least_tokens, longest_piece, tokenize_prompt
+
+    piece = longest_piece(tiny_llama.tokenizer)
+    assert piece > 0
+    rng = random.Random(0)
+    alphabet = "abc xyz\n\t.,;'\"é漢字😀\u0301ﬁ" + "".join(chr(rng.randrange(32, 0x3000)) for _ in range(200))
+    texts = ["", "a" * 5000, " " * 5000, "word " * 2000, "<|im_start|>" * 300, "ﬁ" * 3000, "e\u0301" * 2000]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 6000))) for _ in range(40)]
+    for text in texts:
+        for prompt in (text, {"prompt_string": text}, [text, 5, text]):
+            assert least_tokens(prompt, piece) <= len(tokenize_prompt(tiny_llama, prompt)), text[:40]
+    assert least_tokens("word " * 38_000, piece) >= N_CTX
