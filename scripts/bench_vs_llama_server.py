@@ -1,0 +1,242 @@
+#!/usr/bin/env python
+"""Decode speed side by side: mlxcel-server, llama.cpp's llama-server and mlx-lm's generate loop,
+on the same GGUF, the same prompts, the same thread count, in one run.
+
+Arms (each at every ``--threads`` count T):
+
+* ``llama-server``: the upstream binary, ``-t T -tb T -np 1``, the GGUF as given (its native
+  quantized kernels). Skipped, with a note, when no binary is given or found; build one with
+  ``scripts/build_llama_server.sh`` (~15-25 min on 2 cores; it lands in
+  ``.cache/llama-server/bin/llama-server``, which is the default here).
+* ``mlxcel``: ``mlxcel-server -np 1`` as it starts by default (float32 weights, OpenBLAS and the
+  one-row matmul shim preloaded), with ``OPENBLAS_NUM_THREADS=T``.
+* ``mlxcel-no-sgemv``: the same server with ``MLXCEL_SGEMV=0`` (OpenBLAS's sgemm for every
+  matmul), to show what the shim buys in the same run.
+* ``mlx_lm``: mlx-lm's ``generate_step`` in a worker process on the same weights (loaded by
+  mlxcel, so float32 from the same GGUF) with OpenBLAS preloaded and no shim: mlx-lm as it runs at
+  its best on this CPU without our changes.
+
+Both servers get ``POST /completion`` with ``n_predict`` fixed, ``temperature 0``,
+``ignore_eos``, ``cache_prompt: false``; decode tok/s is the response's
+``timings.predicted_per_second`` (llama-server's definition, which mlxcel-server follows). The
+mlx-lm worker reports generated tokens after the first / time from the first to the last. Arms are
+interleaved request by request (A B C D A B C D ...), every arm runs every prompt ``--repeats``
+times, and the median is reported with the load average of the run.
+
+    ./scripts/build_llama_server.sh                     # once (optional)
+    .venv/bin/python scripts/bench_vs_llama_server.py --threads 1,2 --n-predict 128 --repeats 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_LLAMA = REPO / ".cache" / "llama-server" / "bin" / "llama-server"
+PROMPTS = [
+    "The history of computing is a story of abstraction layered on abstraction. Early machines were",
+    "Here is a short story about a lighthouse keeper who finds a message in a bottle:",
+    "Explain, step by step, how a hash table handles collisions.",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def builtin_gguf() -> str:
+    from mlxcel.engine.loading import default_model_path
+
+    return str(default_model_path())
+
+
+class Server:
+    def __init__(self, name: str, cmd: list[str], env: dict, log: Path):
+        self.name = name
+        self.port = int(cmd[cmd.index("--port") + 1])
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        self.log = log
+        deadline = time.monotonic() + 300
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{name} exited: {log.read_text(errors='replace')[-2000:]}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"{name} did not come up")
+            time.sleep(0.3)
+
+    def decode(self, prompt: str, n: int) -> dict:
+        body = {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
+                "seed": 0}
+        r = httpx.post(self.url + "/completion", json=body, timeout=600)
+        r.raise_for_status()
+        j = r.json()
+        t = j["timings"]
+        return {"tps": t["predicted_per_second"], "n": t["predicted_n"], "text": j["content"]}
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class MlxLmWorker:
+    """A child process running mlx-lm's ``generate_step``; one JSON line in, one out."""
+
+    def __init__(self, name: str, model: str, env: dict):
+        self.name = name
+        self.proc = subprocess.Popen([sys.executable, __file__, "--mlx-lm-worker", "-m", model], cwd=REPO, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert json.loads(self.proc.stdout.readline())["ready"]
+
+    def decode(self, prompt: str, n: int) -> dict:
+        self.proc.stdin.write(json.dumps({"prompt": prompt, "n": n}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=30)
+
+
+def mlx_lm_worker(model: str) -> None:
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+
+    from mlxcel.engine.loading import load_model
+
+    lm = load_model(model)
+    print(json.dumps({"ready": True, "preload": os.environ.get("LD_PRELOAD", "")}), flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        ids = lm.tokenizer.encode(req["prompt"])
+        first = None
+        toks = []
+        for tok, _ in generate_step(mx.array(ids), lm.model, max_tokens=req["n"]):
+            toks.append(int(tok))
+            if first is None:
+                first = time.perf_counter()
+        end = time.perf_counter()
+        print(json.dumps({"tps": (len(toks) - 1) / (end - first), "n": len(toks),
+                          "text": lm.tokenizer.decode(toks)}), flush=True)
+
+
+def child_env(threads: int, sgemv: bool) -> dict:
+    from mlxcel.engine.device import env_with_fast_blas
+
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXCEL_BLAS_PRELOADED")}
+    env["OPENBLAS_NUM_THREADS"] = str(threads)
+    env["MLXCEL_SGEMV"] = "1" if sgemv else "0"
+    return env_with_fast_blas(env)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("-m", "--model", default=None, help="GGUF file (default: the built-in SmolLM2 Q4_1)")
+    parser.add_argument("--llama-server", default=str(DEFAULT_LLAMA), help="llama-server binary")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--n-predict", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--arms", default="llama-server,mlxcel,mlxcel-no-sgemv,mlx_lm")
+    parser.add_argument("--out", default=None, help="also write the JSON result here")
+    parser.add_argument("--mlx-lm-worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    model = args.model or builtin_gguf()
+    if args.mlx_lm_worker:
+        mlx_lm_worker(model)
+        return
+
+    wanted = args.arms.split(",")
+    llama = Path(args.llama_server)
+    if "llama-server" in wanted and not (llama.is_file() and os.access(llama, os.X_OK)):
+        print(f"note: no llama-server binary at {llama}; that arm is skipped "
+              f"(build one with scripts/build_llama_server.sh)", file=sys.stderr)
+        wanted.remove("llama-server")
+    logs = REPO / "bench-out"
+    logs.mkdir(exist_ok=True)
+    arms = []
+    try:
+        for t in [int(x) for x in args.threads.split(",")]:
+            for kind in wanted:
+                name = f"{kind} t={t}"
+                port = str(free_port())
+                log = logs / f"vs-llama-{kind}-t{t}.log"
+                if kind == "llama-server":
+                    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+                    cmd = [str(llama), "-m", model, "-t", str(t), "-tb", str(t), "-np", "1", "-c", "2048",
+                           "--host", "127.0.0.1", "--port", port]
+                    arms.append(Server(name, cmd, env, log))
+                elif kind in ("mlxcel", "mlxcel-no-sgemv"):
+                    cmd = [sys.executable, "-m", "mlxcel.server.serve_command", "-m", model, "-np", "1", "-c", "2048",
+                           "-t", str(t), "--host", "127.0.0.1", "--port", port]
+                    arms.append(Server(name, cmd, child_env(t, kind == "mlxcel"), log))
+                elif kind == "mlx_lm":
+                    arms.append(MlxLmWorker(name, model, child_env(t, sgemv=False)))
+                else:
+                    raise SystemExit(f"unknown arm {kind}")
+        for arm in arms:  # warm-up
+            arm.decode(PROMPTS[0], 8)
+        load_start = os.getloadavg()[0]
+        results = {arm.name: [] for arm in arms}
+        texts = {}
+        for _ in range(args.repeats):
+            for prompt in PROMPTS:
+                for arm in arms:
+                    r = arm.decode(prompt, args.n_predict)
+                    results[arm.name].append(r["tps"])
+                    texts.setdefault(arm.name, {})[prompt] = r["text"]
+        load_end = os.getloadavg()[0]
+    finally:
+        for arm in arms:
+            arm.stop()
+
+    med = {name: statistics.median(v) for name, v in results.items()}
+    out = {"model": Path(model).name, "n_predict": args.n_predict, "repeats": args.repeats,
+           "prompts": len(PROMPTS), "load_avg_start": load_start, "load_avg_end": load_end,
+           "median_decode_tps": med, "all_decode_tps": results}
+    print(json.dumps(out))
+    print(f"\n{out['model']}, n_predict {args.n_predict}, {len(PROMPTS)} prompts x {args.repeats} repeats, "
+          f"load average {load_start:.1f} -> {load_end:.1f}\n")
+    threads = sorted({name.split("t=")[1] for name in med})
+    print("| threads | arm | decode tok/s (median) | mlxcel / arm |")
+    print("|---:|---|---:|---:|")
+    for t in threads:
+        ours = med.get(f"mlxcel t={t}")
+        for name, v in med.items():
+            if name.endswith(f"t={t}"):
+                ratio = f"{ours / v:.2f}x" if ours else "-"
+                print(f"| {t} | {name.split(' t=')[0]} | {v:.1f} | {ratio} |")
+    for t in threads:
+        a, b = texts.get(f"mlxcel t={t}"), texts.get(f"llama-server t={t}")
+        if a and b:
+            same = sum(a[p] == b[p] for p in a)
+            print(f"\nt={t}: mlxcel and llama-server texts identical on {same}/{len(a)} prompts "
+                  f"(llama.cpp computes Q4_1 x Q8_1 products; mlxcel runs the dequantized weights in float32)")
+    if args.out:
+        Path(args.out).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
