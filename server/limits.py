@@ -13,7 +13,8 @@ a flag with a default that no ordinary client reaches:
   ``request_params``).
 
 A few bounds are fixed rather than flags, because no legitimate request comes near them: at most
-:data:`MAX_STOP_STRINGS` stop strings, and JSON bodies at most :data:`MAX_JSON_DEPTH` levels deep.
+:data:`MAX_STOP_STRINGS` stop strings of :data:`MAX_STOP_CHARS` characters in all, and JSON bodies
+at most :data:`MAX_JSON_DEPTH` levels deep.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .sse import JsonResponse
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 DEFAULT_MAX_QUEUE = 256
 MAX_STOP_STRINGS = 256
+MAX_STOP_CHARS = 16384
 MAX_JSON_DEPTH = 64
 
 
@@ -53,9 +55,15 @@ class Limits:
                           f"{self.max_prompt_tokens} (--max-prompt-tokens)")
 
 
-def check_stop_count(stops: list) -> None:
+def check_stops(stops: list[str]) -> None:
+    """Stop strings are checked against the text after every token (and, when streaming, every
+    suffix of it against every prefix of each), so their number and total length are bounded."""
     if len(stops) > MAX_STOP_STRINGS:
         raise invalid(f"Field 'stop': at most {MAX_STOP_STRINGS} stop strings are accepted, but got {len(stops)}")
+    total = sum(len(stop) for stop in stops)
+    if total > MAX_STOP_CHARS:
+        raise invalid(f"Field 'stop': the stop strings may have at most {MAX_STOP_CHARS} characters in all, "
+                      f"but have {total}")
 
 
 class BodyLimit:

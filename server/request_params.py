@@ -13,7 +13,7 @@ from typing import Any
 
 from ..engine.sampling_params import SamplerParams
 from .errors import invalid
-from .limits import check_stop_count
+from .limits import check_stops
 from .prompts import tokenize_text
 from .schema import INT_MAX, SamplingFields, check_range
 from .task import GenerationOptions
@@ -213,7 +213,7 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         params["seed"] = seed
     stop = req.stop
     stops = [stop] if isinstance(stop, str) else list(stop or [])
-    check_stop_count(stops)
+    check_stops(stops)
     echo = {name: getattr(req, name) for name in ("n_keep", "n_discard", "mirostat_tau", "mirostat_eta",
                                                   "dynatemp_exponent", "adaptive_decay") if getattr(req, name) is not None}
     if bias:
@@ -234,6 +234,7 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         samplers=samplers if samplers is not None else list(defaults.samplers),
         spec_n_max=req.speculative_n_max,
         spec_n_min=req.speculative_n_min,
+        spec_stochastic=req.speculative_stochastic_accept,
         speculative_types=defaults.speculative_types,
         echo=echo,
     )

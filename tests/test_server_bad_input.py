@@ -183,6 +183,8 @@ def corpus() -> list[Case]:
         cases += [
             Case(f"stop-huge-list{route}", route, {**base(route), "stop": [f"s{i}" for i in range(1000)]}),
             Case(f"stop-list-number{route}", route, {**base(route), "stop": ["a", 5]}),
+            Case(f"stop-too-long{route}", route, {**base(route), "stop": ["x" * 20_000]}),
+            Case(f"stop-too-long-in-all{route}", route, {**base(route), "stop": ["y" * 100] * 200}),
             Case(f"stop-object{route}", route, {**base(route), "stop": {"a": 1}}),
         ]
     for route in (*CHAT_ROUTES, "/apply-template", "/v1/chat/completions/input_tokens"):
