@@ -9,7 +9,8 @@ Two questions with different answers:
 * *Kind* (``detect_drafter_kind``): the label a drafter's config.json resolves to. An ordinary
   small full model carries no kind of its own and resolves to the default, ``dflash``. The
   offline CLI prints that label and then says plainly that it runs the classic draft-model loop
-  regardless; choosing a kind-specific round loop with ``--draft-kind`` is a server feature.
+  regardless; choosing a kind-specific round loop with ``--draft-kind`` is a server feature
+  (``mlxcel-server`` runs every model-based kind: ``server.speculation``).
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ DRAFTER_KINDS = ("dflash", "dspark", "muse-glimmer", "mtp", "internal-mtp", "pro
 DEFAULT_DRAFTER_KIND = "dflash"
 DEFAULT_BLOCK_SIZE = 16
 SERVER_COMMAND = "mlxcel-server"
-# The kinds mlxcel-server runs today; the model-based round loops (dflash, dspark, muse-glimmer, mtp)
-# are recognised everywhere but not served yet.
-SERVER_KINDS = ("prompt-lookup", "draft-model")
-NOT_YET_SERVED = "; mlxcel-server does not run that round loop yet either"
+# How mlxcel-server is asked for each kind's round loop.
+SERVER_FLAGS = {"dflash": "--spec-type draft-dflash -md DIR", "dspark": "--spec-type draft-dspark -md DIR",
+                "muse-glimmer": "--draft-kind muse-glimmer -md DIR", "mtp": "--spec-type draft-mtp",
+                "internal-mtp": "--draft-kind internal-mtp", "prompt-lookup": "--spec-type ngram-simple",
+                "draft-model": "--spec-type draft-simple -md FILE"}
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,8 @@ def refuse_drafter_only_checkpoint(path: str | Path, config: dict | None = None)
         raise MlxcelError(
             f"{path} is a {family} drafter checkpoint: it has no embeddings or LM head of its own and "
             f"borrows the target's, so mlxcel generate cannot run it as a draft model. "
-            f"A {family} drafter runs in {SERVER_COMMAND}'s {family} round loop instead{NOT_YET_SERVED}."
+            f"A {family} drafter runs in {SERVER_COMMAND}'s DFlash round loop instead "
+            f"({SERVER_COMMAND} -m TARGET {SERVER_FLAGS[family].replace('DIR', str(path))})."
         )
 
 
@@ -85,11 +88,11 @@ def auto_detected_kind_lines(resolved: ResolvedKind) -> list[str]:
 def explicit_kind_error(kind: str) -> MlxcelError:
     """``--draft-kind`` given to ``mlxcel generate``: refused, with the reason."""
     hint = " (for prompt lookup use --prompt-lookup)" if kind == "prompt-lookup" else ""
-    served = "" if kind in SERVER_KINDS else NOT_YET_SERVED
+    server = f"{SERVER_COMMAND} {SERVER_FLAGS[kind]}" if kind in SERVER_FLAGS else f"{SERVER_COMMAND} --draft-kind {kind}"
     return MlxcelError(
         f"--draft-kind {kind}: mlxcel generate does not construct kind-specific round loops; it runs only "
-        f"the classic draft-model path (--draft-model){hint}. Kind-specific round loops belong to "
-        f"{SERVER_COMMAND} --draft-kind {kind}{served}; or drop --draft-kind."
+        f"the classic draft-model path (--draft-model){hint}. Kind-specific round loops run in "
+        f"{server}; or drop --draft-kind."
     )
 
 

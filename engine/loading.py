@@ -111,7 +111,8 @@ def load_mlx_dir(path: Path) -> LoadedModel:
     if kind is not None:
         raise ModelLoadError(
             f"{path} is a {kind} drafter checkpoint, not a standalone model: it borrows the target's "
-            "embeddings and head. Such drafters run in mlxcel-server's drafter round loops (not implemented yet)."
+            "embeddings and head. Pass a full model to -m, and this directory to mlxcel-server as its drafter "
+            "(-md DIR, served on the DFlash round loop)."
         )
     try:
         model, tokenizer = mlx_lm_load(str(path))

@@ -80,6 +80,7 @@ class SamplingFields(BaseModel):
     samplers: str | list[str] | None = None
     speculative_n_max: Int | None = Field(None, alias="speculative.n_max")
     speculative_n_min: Int | None = Field(None, alias="speculative.n_min")
+    speculative_stochastic_accept: bool | None = Field(None, alias="speculative.stochastic_accept")  # mlxcel
     grammar: str | None = None
     json_schema: Any = None
     response_format: Any = None

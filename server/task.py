@@ -39,6 +39,7 @@ class GenerationOptions:
     samplers: list[str] = field(default_factory=list)
     spec_n_max: int | None = None  # speculative.n_max (0: this request does not speculate)
     spec_n_min: int | None = None  # speculative.n_min
+    spec_stochastic: bool | None = None  # speculative.stochastic_accept (mlxcel): overrides the environment switch
     speculative_types: str = "none"  # echoed as generation_settings["speculative.types"]
     # echoed in generation_settings, not otherwise used
     echo: dict[str, Any] = field(default_factory=dict)

@@ -256,14 +256,15 @@ def serve(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def test_drafter_checkpoints_and_model_based_types_are_refused(tmp_path):
+def test_impossible_speculative_command_lines_are_refused(tmp_path):
     dflash = tmp_path / "dflash"
     dflash.mkdir()
     (dflash / "config.json").write_text(json.dumps({"model_type": "qwen3", "architectures": ["DFlashDraftModel"],
                                                     "dflash_config": {"block_size": 16}}))
-    for args, needle in (((("-md", str(dflash))), "dflash drafter checkpoint"),
-                         (("--spec-type", "draft-mtp"), "not implemented"),
-                         (("--draft-kind", "dspark"), "not implemented"),
+    for args, needle in (((("--spec-type", "draft-simple", "-md", str(dflash))), "dflash drafter checkpoint"),
+                         (("--spec-type", "draft-eagle3"), "not implemented"),
+                         (("--draft-kind", "dspark"), "pass -md DIR"),
+                         (("--draft-kind", "dspark", "-md", str(dflash)), "dspark was asked for"),
                          (("--spec-type", "draft-simple"), "needs a draft model"),
                          (("--spec-type", "ngram-simple,draft-simple", "-md", "x.gguf"), "one drafter per server"),
                          (("--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "0"), "at least 1")):
