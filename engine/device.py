@@ -105,3 +105,14 @@ def reexec_with_fast_blas() -> None:
     env = env_with_fast_blas()
     argv = [sys.executable, *sys.orig_argv[1:]] if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]
     os.execve(sys.executable, argv, env)
+
+
+def prepare_for_decode(model) -> None:
+    """Per-device graph changes for decoding, applied once after loading. On a CPU: one-token
+    rotary embeddings run as one compiled kernel (``compiled_rope.py``; bitwise the same output).
+    Nothing on Metal or CUDA. ``MLXCEL_COMPILED_ROPE=0`` turns it off."""
+    if on_gpu() or os.environ.get("MLXCEL_COMPILED_ROPE", "1").lower() in ("0", "false", "no", "off"):
+        return
+    from .compiled_rope import compile_decode_rope
+
+    compile_decode_rope(model)

@@ -91,6 +91,7 @@ def load_model(
     else:
         raise ModelLoadError(f"{path} is neither a GGUF file nor a model directory")
     loaded.name = loaded.name or path.name
+    device.prepare_for_decode(loaded.model)
     return loaded
 
 

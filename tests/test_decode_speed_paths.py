@@ -6,7 +6,11 @@
   with alpha/beta) is answered by the shim and equals a float64 reference, and multi-row
   matmuls are left to OpenBLAS's sgemm;
 * decoding through it is still exact: greedy decoding equals the argmax of a full recompute
-  (``test_decode.py``) and SmolLM2's greedy tokens equal those of a process without the shim.
+  (``test_decode.py``) and SmolLM2's greedy tokens equal those of a process without the shim
+  (slow: two SmolLM2 processes).
+
+And the compiled one-token rope (``engine/compiled_rope.py``): bitwise ``mx.fast.rope`` at every
+offset tested (scalar and per-row), and the same greedy and seeded tokens as the plain model.
 """
 
 from __future__ import annotations
@@ -112,6 +116,7 @@ print(json.dumps({"tokens": toks, "maps_has_shim": "libmlxcel_sgemv" in open("/p
 """
 
 
+@pytest.mark.slow
 def test_smollm2_greedy_tokens_are_the_same_with_and_without_the_shim():
     shim_handle()
     runs = {}
@@ -124,3 +129,53 @@ def test_smollm2_greedy_tokens_are_the_same_with_and_without_the_shim():
         runs[arm] = json.loads(out.strip().splitlines()[-1])
     assert runs["1"]["maps_has_shim"] and not runs["0"]["maps_has_shim"]
     assert runs["1"]["tokens"] == runs["0"]["tokens"]
+
+
+# --- compiled one-token rope (engine/compiled_rope.py) ---------------------------------------
+
+
+@pytest.mark.parametrize("heads", [9, 3, 1])
+def test_compiled_rope_is_bitwise_fast_rope_at_every_offset(heads):
+    import mlx.nn as nn
+
+    from mlxcel.engine.compiled_rope import DecodeStepRoPE
+
+    for base, traditional in ((100000.0, False), (10000.0, True)):
+        plain = nn.RoPE(64, traditional=traditional, base=base)
+        fast = DecodeStepRoPE(plain)
+        x = mx.random.normal((2, heads, 1, 64), key=mx.random.key(heads))
+        for offset in [*range(0, 260), *range(1000, 9000, 37)]:
+            assert mx.array_equal(fast(x, offset=offset), plain(x, offset=offset)).item(), (base, offset)
+        rows = mx.array([5, 700], dtype=mx.int32)  # a batch cache's per-row offsets
+        assert mx.array_equal(fast(x, offset=rows), plain(x, offset=rows)).item()
+        block = mx.random.normal((1, heads, 6, 64))  # several tokens: the uncompiled path
+        assert mx.array_equal(fast(block, offset=3), plain(block, offset=3)).item()
+
+
+@pytest.mark.parametrize("which", ["tiny_llama_dir", "tiny_qwen_dir"])
+def test_decoding_with_the_compiled_rope_gives_the_same_tokens(which, request, monkeypatch):
+    import mlx.nn as nn
+
+    from mlxcel.engine.compiled_rope import DecodeStepRoPE
+    from mlxcel.engine.decode import generate_tokens
+    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.sampler_chain import SamplerChain
+    from mlxcel.engine.sampling_params import SamplerParams
+
+    path = request.getfixturevalue(which)
+    fast = load_model(path)
+    monkeypatch.setenv("MLXCEL_COMPILED_ROPE", "0")
+    plain = load_model(path)
+    kinds = lambda lm: {type(m) for _, m in lm.model.named_modules()}  # noqa: E731
+    if mx.default_device().type == mx.DeviceType.cpu:
+        assert DecodeStepRoPE in kinds(fast) and nn.RoPE not in kinds(fast)
+    assert DecodeStepRoPE not in kinds(plain)
+    prompt = [5, 17, 42, 99, 7, 123, 64, 8, 250, 31, 77]
+    for params, seed in ((SamplerParams(temperature=0.0, ignore_eos=True), 0),
+                         (SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, ignore_eos=True), 11)):
+        streams = []
+        for lm in (fast, plain):
+            chain = SamplerChain(params, vocab_size=lm.vocab_size, eos_token_ids=lm.eos_token_ids)
+            streams.append([s.token for s in generate_tokens(lm.model, prompt, chain, cache=lm.make_cache(),
+                                                              max_tokens=40, seed=seed)])
+        assert streams[0] == streams[1]
