@@ -1,0 +1,101 @@
+"""The MTP drafter inside the server, through real server processes on tiny checkpoints: the
+target's own MTP layer (``--draft-kind mtp``) and a separate NextN assistant (``--spec-type
+draft-mtp -md DIR``) serve requests whose output at temperature 0 equals a plain server's, token
+for token, with ``draft_kind: "mtp"`` in the timings of every route."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import tiny_mtp
+from server_process import ServerProcess, sse_events
+
+PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox", "Hello, world! How are you"]
+N = 24
+
+
+@pytest.fixture(scope="module")
+def target_dir(checkpoints_root):
+    # an echo MTP layer: it predicts what the target predicted one step earlier, which the tiny
+    # target's looping greedy stream accepts, so accepted drafts go through the server's rows
+    return tiny_mtp.build_glm_target(checkpoints_root / "tiny-glm-mtp", echo=True)
+
+
+@pytest.fixture(scope="module")
+def assistant_dir(checkpoints_root, target_dir):
+    return tiny_mtp.build_nextn_assistant(checkpoints_root / "tiny-glm-mtp-nextn", target_dir)
+
+
+@pytest.fixture(scope="module")
+def servers(target_dir, assistant_dir):
+    common = ("-m", str(target_dir), "-np", "2", "-ub", "16")
+    procs = {}
+    try:
+        procs["plain"] = ServerProcess(*common)
+        procs["internal"] = ServerProcess(*common, "--draft-kind", "mtp", "--spec-draft-n-max", "3")
+        procs["assistant"] = ServerProcess(*common, "--spec-type", "draft-mtp", "-md", str(assistant_dir),
+                                           "--spec-draft-n-max", "3")
+        yield procs
+    finally:
+        for p in procs.values():
+            p.stop()
+
+
+def post(server, path: str, body: dict) -> dict:
+    r = httpx.post(server.url + path, json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def native(prompt: str, **fields) -> dict:
+    return {"prompt": prompt, "n_predict": N, "temperature": 0, "ignore_eos": True, **fields}
+
+
+def chat(prompt: str, **fields) -> dict:
+    return {"messages": [{"role": "user", "content": prompt}], "max_tokens": N, "temperature": 0,
+            "ignore_eos": True, **fields}
+
+
+def check_mtp(timings: dict) -> None:
+    assert timings["draft_kind"] == "mtp"
+    assert timings["draft_rounds"] > 0
+    assert 0 <= timings["draft_n_accepted"] <= timings["draft_n"]
+
+
+@pytest.mark.parametrize("variant", ["internal", "assistant"])
+def test_temperature_zero_equals_the_plain_server(servers, variant):
+    s = servers[variant]
+    accepted = 0
+    for p in PROMPTS:
+        a = post(servers["plain"], "/completion", native(p))
+        b = post(s, "/completion", native(p))
+        assert b["content"] == a["content"]
+        assert b["tokens_predicted"] == a["tokens_predicted"] == N
+        check_mtp(b["timings"])
+        accepted += b["timings"]["draft_n_accepted"]
+        a = post(servers["plain"], "/v1/chat/completions", chat(p))
+        b = post(s, "/v1/chat/completions", chat(p))
+        assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
+        check_mtp(b["timings"])
+    assert accepted > 0
+
+
+def test_stream_and_openai_completion_report_mtp(servers):
+    s = servers["internal"]
+    check_mtp(post(s, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N, "temperature": 0,
+                                          "ignore_eos": True})["timings"])
+    with httpx.stream("POST", s.url + "/completion", json={**native(PROMPTS[0]), "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        events = [json.loads(e) for e in sse_events(r.read().decode()) if e != "[DONE]"]
+    check_mtp(events[-1]["timings"])
+    text = "".join(e.get("content", "") for e in events)
+    assert text == post(servers["plain"], "/completion", native(PROMPTS[0]))["content"]
+
+
+def test_a_sampled_request_is_served(servers):
+    body = native(PROMPTS[1], temperature=0.8, seed=5)
+    b = post(servers["internal"], "/completion", body)
+    assert b["tokens_predicted"] == N
+    check_mtp(b["timings"])
