@@ -65,6 +65,11 @@ def payload_too_large(size: int | None, limit: int) -> ApiError:
                     "(--max-body-size)", "invalid_request_error", status=413)
 
 
+def body_timeout(seconds: float) -> ApiError:
+    return ApiError(f"the request body stalled: nothing arrived for {seconds:g} s (--timeout)",
+                    "invalid_request_error", status=408)
+
+
 def timed_out(seconds: float) -> ApiError:
     return unavailable(f"the request ran longer than the server's --timeout ({seconds:g} s) and was stopped")
 

@@ -19,10 +19,11 @@ at most :data:`MAX_JSON_DEPTH` levels deep.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass
 
-from .errors import invalid, payload_too_large
+from .errors import body_timeout, invalid, payload_too_large
 from .sse import JsonResponse
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
@@ -67,11 +68,13 @@ def check_stops(stops: list[str]) -> None:
 
 
 class BodyLimit:
-    """Wraps an ASGI ``receive`` so a body past ``limit`` bytes is refused with 413: at once when
-    ``Content-Length`` says so, else as soon as the chunks received pass it."""
+    """Wraps an ASGI ``receive`` so a body past ``limit`` bytes is refused with 413 (at once when
+    ``Content-Length`` says so, else as soon as the chunks received pass it), and a body that
+    stalls for ``read_timeout`` seconds (upstream's ``--timeout`` is a read timeout) with 408."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, read_timeout: float = 0.0):
         self.limit = limit
+        self.read_timeout = read_timeout
 
     def declared_too_large(self, scope) -> int | None:
         """The declared length when it is over the limit (or unparseable: -1), else None."""
@@ -86,15 +89,24 @@ class BodyLimit:
 
     def wrap(self, receive):
         seen = 0
-        limit = self.limit
+        done = False  # the whole body arrived: later receives wait for a disconnect, untimed
+        limit, timeout = self.limit, self.read_timeout
 
         async def limited():
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, done
+            if done or timeout <= 0:
+                message = await receive()
+            else:
+                try:
+                    async with asyncio.timeout(timeout):
+                        message = await receive()
+                except TimeoutError:
+                    raise BodyTimeout(timeout) from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
-                    raise BodyTooLarge(limit)
+                    raise BodyRefused(payload_too_large(None, limit))
+                done = not message.get("more_body", False)
             return message
 
         return limited
@@ -104,9 +116,15 @@ class BodyLimit:
         await JsonResponse(err.body(), status_code=err.status, headers={"Connection": "close"})(scope, receive, send)
 
 
-class BodyTooLarge(Exception):
-    """Raised inside a handler's body read; the app turns it into the 413 error body."""
+class BodyRefused(Exception):
+    """Raised inside a handler's body read (too large, or stalled); the app answers with
+    ``error`` and closes the connection."""
 
-    def __init__(self, limit: int):
-        super().__init__(limit)
-        self.error = payload_too_large(None, limit)
+    def __init__(self, error):
+        super().__init__(error.message)
+        self.error = error
+
+
+class BodyTimeout(BodyRefused):
+    def __init__(self, seconds: float):
+        super().__init__(body_timeout(seconds))

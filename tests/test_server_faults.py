@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import threading
 import time
 
@@ -158,11 +159,24 @@ def test_a_request_past_the_timeout_ends_with_an_error_and_frees_its_slot(tiny_l
             err = r.json()["error"]
             assert err["type"] == "unavailable_error" and "--timeout" in err["message"]
         events = results["stream"]
+        assert isinstance(events, list), events
         assert events[-1]["error"]["type"] == "unavailable_error" and "--timeout" in events[-1]["error"]["message"]
         assert elapsed < 20
         wait_idle(proc)
         r = post(proc, {"prompt": "short", "n_predict": 4, "ignore_eos": True})
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
+        # a body that stalls is a read timeout (upstream's meaning of --timeout): 408
+        with socket.create_connection(("127.0.0.1", proc.port), timeout=10) as sock:
+            sock.sendall(b"POST /completion HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{\"prompt\": \"st")
+            reply = b""
+            while chunk := sock.recv(65536):  # the server closes the connection after the error
+                reply += chunk
+            reply = reply.decode()
+        assert reply.startswith("HTTP/1.1 408"), reply[:200]
+        body = json.loads(reply.partition("\r\n\r\n")[2])
+        assert body["error"]["code"] == 408 and body["error"]["type"] == "invalid_request_error"
+        assert post(proc, {"prompt": "short", "n_predict": 2}).status_code == 200
     finally:
         proc.stop()
 
