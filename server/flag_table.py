@@ -324,7 +324,8 @@ FLAGS: list[Flag] = [
     F("--chat-template-kwargs", "supported", "STRING", dest="chat_template_kwargs"),
     F("-to --timeout", "divergent", "N", dest="timeout", type="int",
       note="the most seconds one request may run (queue wait, prefill and generation); past it the request "
-           "ends with a 503 error (body or stream event) and its slot is freed"),
+           "ends with a 503 error (body or stream event) and its slot is freed; also the read timeout of "
+           "request bodies (408)"),
     F("--sse-ping-interval", "ignored", "N", note="no SSE keep-alive comments are sent"),
     F("--threads-http", "ignored", "N", note="requests are served by one asyncio event loop"),
     F("--cache-prompt", "supported", negatives=("--no-cache-prompt",), dest="cache_prompt"),

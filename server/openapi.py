@@ -90,7 +90,7 @@ def _post(summary: str, body_ref: str, ok: dict, stream: bool) -> dict:
         "summary": summary,
         "requestBody": {"required": True, "content": {JSON: {"schema": {"$ref": f"#/components/schemas/{body_ref}"}}}},
         "responses": {"200": {"description": "the result (an SSE stream when stream is true)", "content": content},
-                      **_errors(400, 401, 413, 500, 503)},
+                      **_errors(400, 401, 408, 413, 500, 503)},
     }}
 
 
