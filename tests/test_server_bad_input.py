@@ -217,11 +217,15 @@ def corpus() -> list[Case]:
 CASES = corpus()
 
 
+SEEN = {"cases": 0, "requests": 0, "4xx": 0, "5xx": 0}
+
+
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
     proc = ServerProcess("-m", str(tiny_llama_dir), "-np", str(SLOTS), "-c", str(N_CTX), "-n", "8",
                          "--max-body-size", str(MAX_BODY), "--max-prompt-tokens", str(MAX_PROMPT))
     yield proc
+    print(f"\nbad input: {SEEN}")
     proc.stop()
 
 
@@ -261,6 +265,10 @@ def test_the_corpus_is_large_and_covers_every_route():
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_a_4xx_and_the_server_keeps_serving(client, case):
     r = client.request(case.method, case.path, content=case.content(), headers=case.headers)
+    SEEN["cases"] += 1
+    SEEN["requests"] += 2  # the case and the normal request after it
+    SEEN["4xx"] += 400 <= r.status_code < 500
+    SEEN["5xx"] += r.status_code >= 500
     assert r.status_code < 500, (r.status_code, r.text[:300])
     check_error(r, case.status, case.type)
     normal_request(client, len(case.id))
