@@ -55,8 +55,9 @@ REMOVED = "removed upstream too; use --spec-draft-n-max / --spec-draft-n-min"
 # mlxcel's own flags (not upstream's); recorded apart from upstream's in the compat record.
 EXTENSIONS: list[Flag] = [
     F("--draft-kind", "supported", "KIND", dest="draft_kind",
-      note="prompt-lookup (same as --spec-type ngram-simple) or draft-model (same as draft-simple with -md); "
-           "the model-based kinds (dflash, dspark, muse-glimmer, mtp, internal-mtp) are refused for now"),
+      note="prompt-lookup (same as --spec-type ngram-simple), draft-model (same as draft-simple with -md), "
+           "dflash / dspark / muse-glimmer (the DFlash round loop; -md DIR a drafter of that family), mtp (the "
+           "target's MTP layers, or a NextN assistant with -md) and internal-mtp (the target's own)"),
     F("--max-body-size", "supported", "N", dest="max_body_size", type="int",
       note="largest request body accepted, in bytes (default 8388608 = 8 MiB); larger ones get 413"),
     F("--max-prompt-tokens", "supported", "N", dest="max_prompt_tokens", type="int",
@@ -236,12 +237,15 @@ FLAGS: list[Flag] = [
     F("--spec-draft-ngl -ngld --gpu-layers-draft --n-gpu-layers-draft", "ignored", "N", note=SPEC_GPU),
     F("--spec-draft-model -md --model-draft", "divergent", "FNAME", dest="draft_model", note=(
         "a draft model sharing the target's vocabulary (GGUF file or model directory). Without --spec-type it "
-        "drafts (draft-simple); upstream loads it and never drafts, which only confuses. DFlash/DSpark/Muse "
-        "drafter checkpoints are refused")),
+        "drafts (draft-simple); upstream loads it and never drafts, which only confuses. A DFlash, DSpark or "
+        "Muse Glimmer assistant checkpoint directory (recognised by structure) drafts on the DFlash round loop, "
+        "a NextN MTP assistant on the MTP round loop")),
     F("--spec-type", "divergent", "TYPES", dest="spec_type", note=(
         "none, draft-simple (needs -md) and ngram-simple (prompt lookup) as upstream; ngram-map-k, ngram-map-k4v, "
         "ngram-mod and ngram-cache are served by prompt lookup too (lossless either way: only speed can differ); "
-        "draft-eagle3/-mtp/-dflash/-dspark are refused (not implemented); one drafter per server")),
+        "draft-dflash and draft-dspark (with -md DIR) and draft-mtp serve the model-based round loops "
+        "(argmax-against-argmax above temperature 0 unless stochastic acceptance is on; DSpark decodes sampling "
+        "requests plainly); draft-eagle3 is refused (not implemented); one drafter per server")),
     F("--spec-ngram-mod-n-min", "ignored", "N", note=LOOKUP),
     F("--spec-ngram-mod-n-max", "ignored", "N", note=LOOKUP),
     F("--spec-ngram-mod-n-match", "ignored", "N", note=LOOKUP),
