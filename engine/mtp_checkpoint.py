@@ -34,8 +34,10 @@ Two sources:
   weights ``model.layers.{d}.{enorm,hnorm,eh_proj,shared_head.norm,...}``, embeddings and head
   left out because the assistant binds to the target's (``load_assistant_mtp``).
 
-Decoder layers here must be dense (an MoE MTP layer is refused with a clear error): stacking
-per-expert weights into mlx-lm's switch layers is not done here.
+An MoE MTP layer's per-expert tensors are stacked into mlx-lm's switch-layer layout, so the
+layer loads into a copy of the target's own MoE layer. Fused expert tensors and DeepSeek's MLA
+attention (which mlx-lm re-factors at load) do not fit that copy and are refused with the
+mismatch named.
 """
 
 from __future__ import annotations
@@ -162,10 +164,30 @@ def _block(weights: dict[str, mx.array], prefix: str, skip: tuple[str, ...], whe
              if k.startswith(prefix) and not k[len(prefix):].startswith(skip)}
     if not block:
         raise ModelLoadError(f"{where}: the MTP decoder layer {prefix.rstrip('.')} has no weights")
-    if any(".experts." in k for k in block):
-        raise ModelLoadError(f"{where}: the MTP layer {prefix.rstrip('.')} is a mixture-of-experts layer; "
-                             "only dense MTP layers are supported")
-    return block
+    return _stack_experts(block, f"{where}: MTP layer {prefix.rstrip('.')}")
+
+
+_EXPERT = re.compile(r"^(.*)\.experts\.(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|scales|biases)$")
+
+
+def _stack_experts(block: dict[str, mx.array], where: str) -> dict[str, mx.array]:
+    """Per-expert tensors ``mlp.experts.{e}.{gate,up,down}_proj.*`` (how DeepSeek-V3, GLM-4.5
+    and Qwen3-Next store an MoE layer) stacked into ``mlp.switch_mlp.{proj}.*`` ``[E, ...]``,
+    the layout of mlx-lm's ``SwitchGLU`` that the target's own MoE layers use."""
+    out: dict[str, mx.array] = {}
+    groups: dict[tuple[str, str, str], dict[int, mx.array]] = {}
+    for k, v in block.items():
+        m = _EXPERT.match(k)
+        if m:
+            groups.setdefault((m.group(1), m.group(3), m.group(4)), {})[int(m.group(2))] = v
+        else:
+            out[k] = v
+    for (prefix, proj, param), experts in groups.items():
+        if sorted(experts) != list(range(len(experts))):
+            missing = sorted(set(range(max(experts) + 1)) - set(experts))
+            raise ModelLoadError(f"{where}: experts {missing} of {prefix}.experts.*.{proj} are missing")
+        out[f"{prefix}.switch_mlp.{proj}.{param}"] = mx.stack([experts[e] for e in range(len(experts))])
+    return out
 
 
 def _zero_centred(weights: dict[str, mx.array]) -> dict[str, mx.array]:

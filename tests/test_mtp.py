@@ -76,6 +76,12 @@ def assistant_dir(root, glm_echo_dir):
 
 
 @pytest.fixture(scope="module")
+def moe_dir(root):
+    """GLM-4.5-style: MoE layers (per-expert tensors), the MTP layer one of them."""
+    return tiny_mtp.build_glm_target(root / "glm-moe", moe=True)
+
+
+@pytest.fixture(scope="module")
 def flat_dir(root):
     """Flatter distributions: at temperature 1 its greedy stream is far from a sample."""
     return tiny_mtp.build_glm_target(root / "glm-flat", head_scale=0.3)
@@ -115,7 +121,7 @@ def spec_tokens(model, drafter, prompt, params, n, k=4, stochastic=None):
 
 # -- loading ----------------------------------------------------------------------------------
 
-def test_each_layout_loads_with_its_own_wiring(root, mimo_dir, glm_dir, assistant_dir, glm_echo_dir):
+def test_each_layout_loads_with_its_own_wiring(root, mimo_dir, glm_dir, assistant_dir, glm_echo_dir, moe_dir):
     qwen = tiny_mtp.build_qwen35_target(root / "qwen35")
     cases = [(qwen, None, QWEN3_NEXT, "internal", EMBEDDING_FIRST, True),
              (glm_dir, None, DEEPSEEK_NEXTN, "internal", EMBEDDING_FIRST, False),
@@ -133,6 +139,13 @@ def test_each_layout_loads_with_its_own_wiring(root, mimo_dir, glm_dir, assistan
     assert mx.array_equal(ck.modules[0].blocks[0]["self_attn.q_proj.weight"],
                           raw["model.layers.2.self_attn.q_proj.weight"]).item()
     assert "shared_head.head.weight" not in ck.modules[0].blocks[0]  # the target's head is used
+    # An MoE MTP layer: per-expert tensors stacked in expert order.
+    raw = mx.load(str(moe_dir / "model.safetensors"))
+    block = load_mtp(moe_dir).modules[0].blocks[0]
+    stacked = block["mlp.switch_mlp.up_proj.weight"]
+    assert stacked.shape[0] == 4 and not any(".experts." in k for k in block)
+    for e in range(4):
+        assert mx.array_equal(stacked[e], raw[f"model.layers.2.mlp.experts.{e}.up_proj.weight"]).item()
     raw = mx.load(str(qwen / "model.safetensors"))
     ck = load_mtp(qwen)
     assert mx.array_equal(ck.modules[0].final_norm, raw["mtp.norm.weight"] + 1.0).item()
@@ -140,7 +153,7 @@ def test_each_layout_loads_with_its_own_wiring(root, mimo_dir, glm_dir, assistan
                           raw["mtp.layers.0.input_layernorm.weight"] + 1.0).item()
 
 
-@pytest.mark.parametrize("layout", ["mimo", "glm", "qwen35", "assistant"])
+@pytest.mark.parametrize("layout", ["mimo", "glm", "glm-moe", "qwen35", "assistant"])
 def test_an_echo_head_predicts_what_the_target_predicted(root, layout):
     """An echo module passes the target hidden straight to the shared head, so its argmax at each
     entry is the target's own argmax at the previous position. Swapping the concatenation order
@@ -150,6 +163,7 @@ def test_an_echo_head_predicts_what_the_target_predicted(root, layout):
         assistant = tiny_mtp.build_nextn_assistant(root / "echo-glm-b-nextn", target_dir)
     else:
         build = {"mimo": tiny_mtp.build_mimo_target, "glm": tiny_mtp.build_glm_target,
+                 "glm-moe": lambda out, echo: tiny_mtp.build_glm_target(out, echo=echo, moe=True),
                  "qwen35": tiny_mtp.build_qwen35_target}[layout]
         target_dir, assistant = build(root / f"echo-{layout}", echo=True), None
     target = load_model(target_dir)
@@ -165,19 +179,25 @@ def test_loading_refusals_are_clear(root, tiny_llama_dir, glm_dir):
         load_mtp(tiny_llama_dir)
     with pytest.raises(ModelLoadError, match="not an MTP assistant"):
         load_mtp(glm_dir, tiny_llama_dir)
-    # A mixture-of-experts MTP layer (per-expert tensors) is refused by name.
-    moe = root / "glm-moe"
-    shutil.copytree(glm_dir, moe)
-    weights = mx.load(str(moe / "model.safetensors"))
+    broken = root / "glm-broken"
+    shutil.copytree(glm_dir, broken)
+    weights = mx.load(str(broken / "model.safetensors"))
+    # Expert tensors with a gap in their numbering are named.
     weights["model.layers.2.mlp.experts.0.up_proj.weight"] = mx.zeros((4, 4))
-    mx.save_safetensors(str(moe / "model.safetensors"), weights)
-    with pytest.raises(ModelLoadError, match="mixture-of-experts"):
-        load_mtp(moe)
+    weights["model.layers.2.mlp.experts.2.up_proj.weight"] = mx.zeros((4, 4))
+    mx.save_safetensors(str(broken / "model.safetensors"), weights)
+    with pytest.raises(ModelLoadError, match=r"experts \[1\]"):
+        load_mtp(broken)
+    # An MoE MTP layer on a dense target does not fit the target's layer: refused at bind.
+    del weights["model.layers.2.mlp.experts.2.up_proj.weight"]
+    mx.save_safetensors(str(broken / "model.safetensors"), weights)
+    with pytest.raises(ModelLoadError, match="does not fit the target's DecoderLayer"):
+        MtpHead(load_mtp(broken), load_model(glm_dir).model)
     # A missing fusion tensor is named.
     del weights["model.layers.2.hnorm.weight"]
-    mx.save_safetensors(str(moe / "model.safetensors"), weights)
+    mx.save_safetensors(str(broken / "model.safetensors"), weights)
     with pytest.raises(ModelLoadError, match="hnorm"):
-        load_mtp(moe)
+        load_mtp(broken)
 
 
 def test_hybrid_target_is_refused_at_bind(root):
@@ -198,15 +218,16 @@ def test_the_kind_is_detected_from_config(glm_dir, assistant_dir):
 # -- temperature 0 ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("probe", ["pass", "fail"])
-@pytest.mark.parametrize("variant", ["mimo", "glm-echo", "assistant"])
+@pytest.mark.parametrize("variant", ["mimo", "glm-echo", "assistant", "glm-moe"])
 def test_temperature_zero_is_greedy_target_decoding(monkeypatch, probe, variant, mimo, mimo_dir, glm_echo,
-                                                    glm_echo_dir, assistant_dir):
+                                                    glm_echo_dir, assistant_dir, moe_dir):
     """Block verification (probe verdict ``pass``) and chain verification (``fail``)."""
     monkeypatch.setenv("MLXCEL_EXACTNESS_PROBE", probe)
     target, drafter = {
         "mimo": (mimo, lambda: MtpDrafter.load(mimo_dir)),
         "glm-echo": (glm_echo, lambda: MtpDrafter.load(glm_echo_dir)),
         "assistant": (glm_echo, lambda: MtpDrafter.load(glm_echo_dir, assistant_dir)),
+        "glm-moe": (load_model(moe_dir), lambda: MtpDrafter.load(moe_dir)),
     }[variant]
     prompt = prompt_of(target)
     want = plain_tokens(target, prompt, GREEDY, 40)
@@ -214,7 +235,7 @@ def test_temperature_zero_is_greedy_target_decoding(monkeypatch, probe, variant,
     assert counters.rule == GREEDY_ARGMAX
     assert got == want
     assert counters.rounds > 0
-    if variant != "mimo":
+    if variant in ("glm-echo", "assistant"):
         assert counters.accepted > 0  # accepted drafts really ran through the bookkeeping
 
 

@@ -117,14 +117,28 @@ def build_mimo_target(out: Path, *, seed: int = 11, layers: int = 2, echo: bool 
     return _write(out, config, weights)
 
 
-def glm_config(vocab: int, layers: int) -> dict:
+def glm_config(vocab: int, layers: int, moe: bool = False) -> dict:
     return {**_common(vocab, layers), "model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLM"],
             "head_dim": 16, "partial_rotary_factor": 0.5, "use_qk_norm": False, "attention_bias": True,
             "tie_word_embeddings": False, "rope_scaling": None,
             "n_routed_experts": 4, "n_shared_experts": 1, "moe_intermediate_size": 32, "num_experts_per_tok": 2,
             "n_group": 1, "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": True,
-            # every layer dense, the MTP layer at index N included
-            "first_k_dense_replace": layers + 8, "num_nextn_predict_layers": 1}
+            # dense: every layer, the MTP layer at index N included; moe: all but layer 0
+            "first_k_dense_replace": 1 if moe else layers + 8, "num_nextn_predict_layers": 1}
+
+
+def _unstack_experts(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """mlx-lm's stacked ``switch_mlp.{proj}.weight [E, ...]`` back to the published per-expert
+    ``experts.{e}.{proj}.weight``."""
+    out = {}
+    for k, v in weights.items():
+        if ".switch_mlp." in k:
+            head, tail = k.split(".switch_mlp.")
+            for e in range(v.shape[0]):
+                out[f"{head}.experts.{e}.{tail}"] = v[e]
+        else:
+            out[k] = v
+    return out
 
 
 def _nextn_layer(params: dict[str, mx.array], layers: int, seed: int, echo: bool, prefix: str) -> dict[str, mx.array]:
@@ -136,19 +150,23 @@ def _nextn_layer(params: dict[str, mx.array], layers: int, seed: int, echo: bool
 
 
 def build_glm_target(out: Path, *, seed: int = 12, layers: int = 2, echo: bool = False,
-                     head_scale: float = 1.0) -> Path:
+                     head_scale: float = 1.0, moe: bool = False) -> Path:
     """``head_scale`` < 1 flattens the target's distributions (the distribution tests want a
-    target whose greedy stream is far from a sample)."""
+    target whose greedy stream is far from a sample). ``moe``: layers from 1 on, the MTP layer
+    included, are mixture-of-experts layers, written per expert as GLM-4.5 stores them."""
     vocab = build_tokenizer(out)
-    config = glm_config(vocab, layers)
+    config = glm_config(vocab, layers, moe)
     params = _params(config, layers + 1, seed, head_scale)
+    for name in params:
+        if name.endswith("mlp.gate.weight"):  # a router that actually routes
+            params[name] = mx.random.normal(params[name].shape) * 0.5
     extra = f"model.layers.{layers}."
     weights = {k: v for k, v in params.items() if not k.startswith(extra)}
     weights.update(_nextn_layer(params, layers, seed, echo, extra))
     # DeepSeek-V3's MTP layer also carries its own copies of the shared tables.
     weights[extra + "embed_tokens.weight"] = params["model.embed_tokens.weight"]
     weights[extra + "shared_head.head.weight"] = params["lm_head.weight"]
-    return _write(out, config, weights)
+    return _write(out, config, _unstack_experts(weights))
 
 
 def build_nextn_assistant(out: Path, target_dir: Path) -> Path:
