@@ -1,6 +1,6 @@
 """Overload and disconnects on a real server: rounds of 16 concurrent streaming clients on three
 routes, a third of them hanging up at a random point. Every surviving stream completes with a
-well-formed body of the requested length; afterwards every slot is idle, the queue is empty, and
+well-formed body of the requested length and the same text the request gives alone; afterwards every slot is idle, the queue is empty, and
 the server's resident memory is back in the band it settled into after the first round.
 
 The default suite runs a short slice (2 rounds); ``make test-slow`` runs 10. Everything is bounded
@@ -44,8 +44,10 @@ def request_for(i: int) -> tuple[str, dict]:
     return route, {**body, "stream": True, "ignore_eos": True, "seed": i}
 
 
-def check_stream(route: str, text: str) -> None:
-    """A complete stream of N_PREDICT tokens, framed as upstream frames it."""
+def check_stream(route: str, text: str, expected: str) -> None:
+    """A complete stream of N_PREDICT tokens, framed as upstream frames it, whose text is what the
+    same request gives alone and unstreamed (seeded sampling is keyed by position, so neither
+    batching nor a neighbour's hang-up may change it)."""
     payloads = sse_events(text)
     if route == "/completion":
         events = [json.loads(p) for p in payloads]
@@ -53,6 +55,7 @@ def check_stream(route: str, text: str) -> None:
         final = events[-1]
         assert final["stop"] is True and final["tokens_predicted"] == N_PREDICT
         assert all(e["stop"] is False for e in events[:-1])
+        assert "".join(e["content"] for e in events) == expected
         return
     assert payloads[-1] == "[DONE]"
     chunks = [json.loads(p) for p in payloads[:-1]]
@@ -62,9 +65,25 @@ def check_stream(route: str, text: str) -> None:
     if route == "/v1/chat/completions":
         assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
         assert finals[0]["timings"]["predicted_n"] == N_PREDICT
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    else:
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+    assert text == expected
 
 
-async def one_client(client: httpx.AsyncClient, i: int, hang_up_after: int | None, stats: dict) -> None:
+def reference(url: str, i: int) -> str:
+    route, body = request_for(i)
+    r = httpx.post(url + route, json={**body, "stream": False}, timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    data = r.json()
+    if route == "/completion":
+        return data["content"]
+    choice = data["choices"][0]
+    return choice["message"]["content"] if route == "/v1/chat/completions" else choice["text"]
+
+
+async def one_client(client: httpx.AsyncClient, i: int, hang_up_after: int | None, stats: dict,
+                     expected: list[str]) -> None:
     """One streaming request; with ``hang_up_after`` the client closes the connection once it has
     read that many events (0: right after the headers, possibly while the request is queued)."""
     route, body = request_for(i)
@@ -83,7 +102,7 @@ async def one_client(client: httpx.AsyncClient, i: int, hang_up_after: int | Non
                 if not _complete(route, text):
                     stats["disconnects"] += 1
                     return  # leaving the block closes the connection mid-stream
-    check_stream(route, text)
+    check_stream(route, text, expected[i])
     stats["completed"] += 1
 
 
@@ -91,12 +110,12 @@ def _complete(route: str, text: str) -> bool:
     return "[DONE]" in text if route != "/completion" else '"stop":true' in text
 
 
-async def one_round(url: str, rng: random.Random, stats: dict) -> None:
+async def one_round(url: str, rng: random.Random, stats: dict, expected: list[str]) -> None:
     leavers = set(rng.sample(range(CLIENTS), CLIENTS // 3))
     limits = httpx.Limits(max_connections=CLIENTS * 2, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
         await asyncio.wait_for(asyncio.gather(*(
-            one_client(client, i, rng.randint(0, N_PREDICT // 3) if i in leavers else None, stats)
+            one_client(client, i, rng.randint(0, N_PREDICT // 3) if i in leavers else None, stats, expected)
             for i in range(CLIENTS))), timeout=180)
 
 
@@ -120,8 +139,9 @@ def settle(server, seconds: float = 30) -> int:
 def run_rounds(server, rounds: int) -> dict:
     rng = random.Random(8)
     stats = {"sent": 0, "completed": 0, "disconnects": 0, "5xx": 0, "leaked_slots": 0, "rss_kib": []}
+    expected = [reference(server.url, i) for i in range(CLIENTS)]
     for _ in range(rounds):
-        asyncio.run(one_round(server.url, rng, stats))
+        asyncio.run(one_round(server.url, rng, stats, expected))
         stats["leaked_slots"] += settle(server)
         stats["rss_kib"].append(server.rss_kib())
     # the server still answers normally
