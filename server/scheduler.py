@@ -5,7 +5,8 @@ it is never blocked by model work. The engine thread runs continuous batching ov
 
     loop:
         take new tasks from the inbox (block only when there is nothing to do)
-        drop cancelled tasks (a client that went away frees its slot within one step)
+        drop cancelled tasks (a client that went away frees its slot within one step); fail tasks
+            past --timeout, or every task once shutting down (begin_shutdown, on SIGTERM)
         give waiting tasks free slots (reusing each slot's cached prompt prefix)
         prefill: one chunk (<= --ubatch-size tokens) for each prefilling slot, <= --batch-size in all
         decode: one batched forward for every plain decoding row, then each row samples with its own chain;
