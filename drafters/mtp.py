@@ -25,6 +25,7 @@ is built. The default verify rule for this kind is argmax-against-argmax (``argm
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,7 @@ from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 from mlxcel.engine.draft_proposal import Proposal
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.kv_cache import rewind
-from mlxcel.engine.mtp_checkpoint import MtpCheckpoint, load_mtp
+from mlxcel.engine.mtp_checkpoint import MtpCheckpoint, load_mtp, reload_mtp
 from mlxcel.engine.random_keys import position_key
 from mlxcel.engine.sampler_chain import SamplerChain, sample
 from mlxcel.engine.sampling_params import SamplerParams
@@ -76,8 +77,12 @@ class MtpDrafter(ModelDrafter):
             raise ModelLoadError("the target has recurrent (linear-attention) layers whose state cannot be rewound "
                                  "exactly, so it cannot be verified speculatively; its MTP layers load but are "
                                  "not served")
+        if not self.checkpoint.modules:  # released by an earlier bind: read them again
+            self.checkpoint = reload_mtp(self.checkpoint)
         self.head = MtpHead(self.checkpoint, target_model)
         self._bound_to = target_model
+        # The head holds its own (cast) copies now; the file's tensors would only double the memory.
+        self.checkpoint = replace(self.checkpoint, modules=[])
 
     @property
     def entries(self) -> int:

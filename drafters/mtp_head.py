@@ -89,7 +89,7 @@ class MtpHead:
         self.target_model = target_model
         self.embed_tokens = inner.embed_tokens
         self.chain_normed = checkpoint.chain_normed
-        self.checkpoint = checkpoint
+        self.layout, self.source, self.path = checkpoint.layout, checkpoint.source, checkpoint.path
         dtype = inner.norm.weight.dtype
         hidden = checkpoint.hidden_size
         target_hidden = int(inner.norm.weight.shape[0])

@@ -294,3 +294,10 @@ def load_mtp(target_path: str | Path, assistant_path: str | Path | None = None) 
     if assistant_path is not None:
         return load_assistant_mtp(assistant_path)
     return load_internal_mtp(target_path)
+
+
+def reload_mtp(checkpoint: MtpCheckpoint) -> MtpCheckpoint:
+    """The same modules read again from where ``checkpoint`` came from."""
+    if checkpoint.source == "assistant":
+        return load_assistant_mtp(checkpoint.path)
+    return load_internal_mtp(checkpoint.path)

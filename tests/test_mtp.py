@@ -200,6 +200,16 @@ def test_loading_refusals_are_clear(root, tiny_llama_dir, glm_dir):
         load_mtp(broken)
 
 
+def test_bind_releases_the_file_tensors_and_a_second_target_rereads_them(mimo_dir, glm_echo_dir, assistant_dir,
+                                                                        glm_echo):
+    drafter = MtpDrafter.load(glm_echo_dir, assistant_dir)
+    drafter.bind(glm_echo.model)
+    assert drafter.checkpoint.modules == [] and drafter.head.source == "assistant"
+    other = load_model(glm_echo_dir)
+    drafter.bind(other.model)  # rebinding reads the assistant again
+    assert drafter.head.embed_tokens is other.model.model.embed_tokens and drafter.head.source == "assistant"
+
+
 def test_hybrid_target_is_refused_at_bind(root):
     """Qwen3.5's linear-attention layers keep recurrent state, which cannot be rewound exactly."""
     qwen = tiny_mtp.build_qwen35_target(root / "qwen35-bind")
