@@ -65,6 +65,32 @@ def shim_library(env=None) -> str | None:
     return str(target)
 
 
+def loaded_shim():
+    """A ctypes handle on the shim when this process has it loaded (preloaded at start), else None."""
+    import ctypes
+
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    for line in maps.splitlines():
+        if "libmlxcel_sgemv-" in line:
+            return ctypes.CDLL(line.split()[-1])
+    return None
+
+
+def set_sgemv(on: bool) -> bool:
+    """Route one-row matmuls through sgemv (True) or sgemm (False) from now on, in this process;
+    False when the shim is not loaded. For benchmarks that compare both paths in one process."""
+    import ctypes
+
+    lib = loaded_shim()
+    if lib is None:
+        return False
+    ctypes.c_int.in_dll(lib, "mlxcel_sgemv_off").value = 0 if on else 1
+    return True
+
+
 if __name__ == "__main__":
     path = shim_library()
     if path:

@@ -24,8 +24,10 @@ typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const fl
 static sgemm_fn next_sgemm;
 static sgemv_fn next_sgemv;
 
-/* One-row calls answered with sgemv so far (read by the tests through ctypes). */
+/* One-row calls answered with sgemv so far (read by the tests through ctypes), and a switch a
+ * benchmark flips through ctypes to compare both paths in one process (nonzero: all to sgemm). */
 long mlxcel_sgemv_calls;
+int mlxcel_sgemv_off;
 
 void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                  int lda, const float *b, int ldb, float beta, float *c, int ldc) {
@@ -33,7 +35,7 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
     next_sgemv = (sgemv_fn)dlsym(RTLD_NEXT, "cblas_sgemv");
     next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
   }
-  if (order == ROW_MAJOR && m == 1 && next_sgemv != NULL) {
+  if (order == ROW_MAJOR && m == 1 && next_sgemv != NULL && !mlxcel_sgemv_off) {
     /* c[1, n] = alpha * a[1, k] . op(b) + beta * c.  a's k elements are contiguous when a is not
      * transposed, and lda apart when it is (a is then k x 1).  op(b) = b^T: b is n x k (row-major,
      * leading dimension ldb) and c = b . a;  op(b) = b: b is k x n and c = b^T . a. */

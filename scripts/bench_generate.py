@@ -16,6 +16,13 @@ and the cost of a forward over 8 tokens relative to one token.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_generate.py            # or: make bench
     ./scripts/with-blas .venv/bin/python scripts/bench_generate.py --policy
+
+``--paths`` measures the CPU decode speed paths one by one (``docs/benchmarks.md``, "Decode speed
+on the CPU"), switched on and off inside one process, configurations interleaved run by run
+(A B C A B C ...): median decode tok/s and forward x8 / x1 per configuration, each relative to the
+first (everything off):
+
+    ./scripts/with-blas .venv/bin/python scripts/bench_generate.py --paths --repeats 3
 """
 
 from __future__ import annotations
@@ -164,6 +171,69 @@ POLICIES = {
 }
 
 
+def paths(args) -> dict:
+    """The CPU decode speed paths toggled inside one process (same weights, same memory), run
+    after run: the shim's sgemv switch (``blas_shim.set_sgemv``) and the rope modules swapped back
+    and forth."""
+    import mlx.nn as nn
+
+    from mlxcel.engine import blas_shim
+    from mlxcel.engine.compiled_rope import DecodeStepRoPE
+    from mlxcel.engine.loading import load_model
+
+    loaded = load_model(args.model)
+    swaps = []
+    for _, module in loaded.model.named_modules():
+        for name, ch in module.children().items():
+            if isinstance(ch, DecodeStepRoPE):
+                plain = nn.RoPE(ch.dims, traditional=ch.traditional, base=ch.base, scale=ch.scale)
+                swaps.append((module, name, plain, ch))
+    if blas_shim.loaded_shim() is None:
+        raise SystemExit("the sgemv shim is not loaded: run through scripts/with-blas")
+    if not swaps:
+        print("note: no compiled rope in this model (not a plain nn.RoPE, or not on a CPU)", file=sys.stderr)
+
+    def configure(sgemv: bool, rope: bool) -> None:
+        blas_shim.set_sgemv(sgemv)
+        for module, name, plain, compiled in swaps:
+            setattr(module, name, compiled if rope else plain)
+
+    configs = {"baseline (sgemm, fast.rope)": (False, False), "+ one-row sgemv shim": (True, False),
+               "+ compiled one-token rope": (True, True)}
+    prompt = prompt_tokens(loaded, args.prompt_tokens)
+    for sg, rp in configs.values():  # warm-up (compiles the rope once)
+        configure(sg, rp)
+        time_mlxcel(loaded, prompt[:16], 4)
+    runs = {name: [] for name in configs}
+    f8 = {name: [] for name in configs}
+    tokens = {}
+    load_start = os.getloadavg()[0]
+    for _ in range(args.repeats):
+        for name, (sg, rp) in configs.items():
+            configure(sg, rp)
+            _, tps, toks = time_mlxcel(loaded, prompt, args.gen_tokens)
+            runs[name].append(tps)
+            tokens.setdefault(name, toks)
+            f8[name].append(forward_cost_ratio(loaded, reps=5))
+    load_end = os.getloadavg()[0]
+    configure(True, True)
+    print(f"load average {load_start:.1f} -> {load_end:.1f}; {args.repeats} interleaved repeats; "
+          f"{len(prompt)}-token prompt, {args.gen_tokens} tokens; OpenBLAS threads "
+          f"{os.environ.get('OPENBLAS_NUM_THREADS', 'default')}")
+    print("| configuration | decode tok/s (median) | vs baseline | forward x8 / x1 | same tokens |")
+    print("|---|---:|---:|---:|---|")
+    base = None
+    summary = {}
+    first = next(iter(tokens.values()))
+    for name in configs:
+        tps = statistics.median(runs[name])
+        ratio = statistics.median(f8[name])
+        base = base or tps
+        summary[name] = {"decode_tps": tps, "forward8_over_forward1": ratio, "all": runs[name]}
+        print(f"| {name} | {tps:.1f} | {tps / base:.2f}x | {ratio:.2f}x | {tokens[name] == first} |")
+    return summary
+
+
 def policy(args) -> list[dict]:
     rows = []
     for name, overrides in POLICIES.items():
@@ -187,6 +257,8 @@ def main() -> None:
     parser.add_argument("--gen-tokens", type=int, default=128)
     parser.add_argument("--runs", type=int, default=3, help="best of this many runs")
     parser.add_argument("--policy", action="store_true", help="measure the device-policy table instead")
+    parser.add_argument("--paths", action="store_true", help="measure the CPU decode speed paths one by one")
+    parser.add_argument("--repeats", type=int, default=3, help="--paths: interleaved repeats per configuration")
     parser.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -197,6 +269,8 @@ def main() -> None:
         print(json.dumps(single(args)))
     elif args.policy:
         policy(args)
+    elif args.paths:
+        print(json.dumps(paths(args)))
     else:
         r = compare(args)
         print(json.dumps(r))
