@@ -6,14 +6,16 @@ never a standalone model. The test is structural, on config.json, never on a res
 
 from __future__ import annotations
 
+from .mtp_checkpoint import is_assistant_checkpoint
+
 DFLASH_ARCHITECTURES = {"DFlashDraftModel": "dflash", "Lfm2DSparkDraftModel": "dspark"}
 MUSE_MODEL_TYPE = "muse_glimmer_assistant"
 MUSE_ARCHITECTURE = "MuseGlimmerAssistantModel"
 
 
 def drafter_structure(config: dict) -> str | None:
-    """The drafter family a config.json describes ("dflash", "dspark", "muse-glimmer"), or None
-    for an ordinary model."""
+    """The drafter family a config.json describes ("dflash", "dspark", "muse-glimmer", "mtp" for
+    an MTP assistant), or None for an ordinary model."""
     architectures = config.get("architectures") or []
     if config.get("model_type") == MUSE_MODEL_TYPE or MUSE_ARCHITECTURE in architectures:
         return "muse-glimmer"
@@ -22,4 +24,6 @@ def drafter_structure(config: dict) -> str | None:
             return kind
     if "dflash_config" in config:
         return "dflash"
+    if is_assistant_checkpoint(config):  # a NextN MTP export (engine/mtp_checkpoint.py)
+        return "mtp"
     return None

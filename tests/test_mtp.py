@@ -223,6 +223,13 @@ def test_the_kind_is_detected_from_config(glm_dir, assistant_dir):
 
     assert detect_drafter_kind(json.loads((glm_dir / "config.json").read_text())).kind == "mtp"
     assert detect_drafter_kind(json.loads((assistant_dir / "config.json").read_text())).kind == "mtp"
+    # A NextN assistant is a drafter-only checkpoint by structure: never loaded as a model.
+    from mlxcel.engine.drafter_checkpoints import drafter_structure
+
+    assert drafter_structure(json.loads((assistant_dir / "config.json").read_text())) == "mtp"
+    assert drafter_structure(json.loads((glm_dir / "config.json").read_text())) is None
+    with pytest.raises(ModelLoadError, match="mtp drafter checkpoint, not a standalone model"):
+        load_model(assistant_dir)
 
 
 # -- temperature 0 ---------------------------------------------------------------------------
