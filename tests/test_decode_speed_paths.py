@@ -179,3 +179,51 @@ def test_decoding_with_the_compiled_rope_gives_the_same_tokens(which, request, m
             streams.append([s.token for s in generate_tokens(lm.model, prompt, chain, cache=lm.make_cache(),
                                                               max_tokens=40, seed=seed)])
         assert streams[0] == streams[1]
+
+
+# --- pipelined batched decode (DecodeBatch.queue_step) ----------------------------------------
+
+
+def test_pipelined_batch_steps_give_the_tokens_of_synchronous_ones(tiny_llama):
+    from mlxcel.engine.batch_decode import DecodeBatch, forward_chunk
+    from mlxcel.engine.sampler_chain import SamplerChain
+    from mlxcel.engine.sampling_params import SamplerParams
+
+    lm = tiny_llama
+    prompts = {"a": [5, 17, 42, 99, 7, 123], "b": [64, 8, 250, 31, 77, 3, 9, 11]}
+    n = 16
+    for params, seed in ((SamplerParams(temperature=0.0, ignore_eos=True), 0),
+                         (SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, ignore_eos=True), 5)):
+        chain = SamplerChain(params, vocab_size=lm.vocab_size, eos_token_ids=lm.eos_token_ids)
+        outs = {}
+        for pipelined in (False, True):
+            batch = DecodeBatch(lm.model)
+            hist = {}
+            first = []
+            for row, prompt in prompts.items():
+                cache = lm.make_cache()
+                logits = forward_chunk(lm.model, prompt, cache)
+                first.append(chain.select(logits[None], prompt, seed=seed, first_position=len(prompt))[0])
+                hist[row] = [*prompt, first[-1]]
+                batch.add(row, cache)
+            if not pipelined:
+                for _ in range(n):
+                    logits = batch.step([hist[r][-1] for r in batch.rows])
+                    for j, r in enumerate(batch.rows):
+                        hist[r].append(chain.select(logits[j][None], hist[r], seed=seed,
+                                                    first_position=len(hist[r]))[0])
+            else:
+                logits = batch.queue_step(mx.array(first, dtype=mx.int32))
+                for i in range(n):
+                    picks = mx.concatenate([chain.pick(logits[j][None], hist[r], seed=seed,
+                                                       first_position=len(hist[r]))
+                                            for j, r in enumerate(batch.rows)])
+                    mx.async_eval(picks)
+                    if i + 1 < n:
+                        logits = batch.queue_step(picks)  # queued before step i's tokens are read
+                    for r, tok in zip(batch.rows, picks.tolist()):
+                        hist[r].append(tok)
+            outs[pipelined] = hist
+        assert outs[True] == outs[False]
+    with pytest.raises(ValueError):
+        DecodeBatch(lm.model).queue_step(mx.array([1, 2]))
