@@ -14,7 +14,9 @@ entry for ``d_i`` pairs the head's own output hidden with ``d_{i-1}`` (the targe
 the drafts yet). Those chained entries are provisional and always dropped after the round; the
 verify forward hands back the target's true hidden rows for the pending token and every
 accepted draft (``observe_target``), which become the owed entries of the next proposal. So the
-head conditions on exactly the prefix the target does, and its cache never holds a guess.
+head conditions on exactly the prefix the target does, and its cache never holds a guess. A
+proposal that is never verified (retracted) is harmless: the next ``propose`` drops its chained
+entries and, for the same sequence, runs the newest entry again.
 
 ``q``: at temperature > 0 each draft is drawn from the head's logits through the request's own
 sampler chain (the distribution reported as ``q``, so the opt-in modified rejection sampling is
@@ -58,6 +60,7 @@ class MtpDrafter(ModelDrafter):
         self.cache: list[Any] = []
         self.owed: list[mx.array] = []  # hidden rows [n, H] not yet fed, in position order
         self.provisional = 0  # chained entries of the last proposal, dropped in observe
+        self.last_row: mx.array | None = None  # the hidden row of the newest fed entry
         self.params: SamplerParams | None = None
         self.chain: SamplerChain | None = None
         self.seed = 0
@@ -100,6 +103,7 @@ class MtpDrafter(ModelDrafter):
         self.cache = self.head.make_cache()
         self.owed = []
         self.provisional = 0
+        self.last_row = None
         self.params = params
         self.chain = None
         self.seed = seed
@@ -119,12 +123,19 @@ class MtpDrafter(ModelDrafter):
         if k <= 0:
             return Proposal([])
         length = len(sequence)
+        if self.provisional:  # a proposal nobody verified (retracted): drop its chained entries
+            rewind(self.cache, self.provisional)
+            self.provisional = 0
         if self.context_length != length - 1:
             raise RuntimeError(f"MTP drafter out of step: it holds {self.context_length} target positions, the "
                                f"target cache holds {length - 1}")
+        if not self.owed:  # the same sequence proposed again: run its last entry once more
+            rewind(self.cache, 1)
+            self.owed = [self.last_row]
         e = self.entries
         hidden = mx.concatenate(self.owed, axis=0) if len(self.owed) > 1 else self.owed[0]
         self.owed = []
+        self.last_row = hidden[-1:]
         tokens = [int(t) for t in sequence[e + 1:length]]
         for i in range(0, len(tokens), self.prefill_step):  # a long prompt is fed in chunks
             logits, chained = self.head.step(tokens[i:i + self.prefill_step], hidden[i:i + self.prefill_step],

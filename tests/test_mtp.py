@@ -258,6 +258,29 @@ def test_temperature_zero_is_greedy_target_decoding(monkeypatch, probe, variant,
 
 # -- the head's cache -------------------------------------------------------------------------
 
+def test_a_retracted_proposal_changes_nothing(monkeypatch, glm_echo, glm_echo_dir):
+    """Proposing twice for the same sequence (the first block never verified) gives the same
+    block, and the run still equals greedy target decoding."""
+    monkeypatch.setenv("MLXCEL_EXACTNESS_PROBE", "pass")
+    target = glm_echo
+    drafter = MtpDrafter.load(glm_echo_dir)
+    prompt = prompt_of(target)
+    chain = SamplerChain(GREEDY, vocab_size=target.vocab_size, eos_token_ids=target.eos_token_ids)
+    cache = target.make_cache()
+    drafter.bind(target.model)
+    features = prefill_with_features(target.model, prompt, cache)
+    sequence = [*prompt, chain.select(features.logits, prompt, (), 0, len(prompt))[0]]
+    drafter.start(sequence, GREEDY, 0)
+    drafter.observe_target(features)
+    for _ in range(6):
+        first = drafter.propose(sequence, 3).tokens
+        assert drafter.propose(sequence, 3).tokens == first  # retracted, asked again
+        r = verify_round(target.model, cache, chain, drafter, sequence, rule=GREEDY_ARGMAX, k=3, seed=0)
+        sequence.extend(r.emitted)
+        assert drafter.context_length == cache_length(cache)
+    assert sequence[len(prompt):] == plain_tokens(target, prompt, GREEDY, len(sequence) - len(prompt))
+
+
 def fresh_head_cache(target, drafter, sequence):
     """The head cache a fresh drafter builds from a target-only prefill of ``sequence[:-1]``."""
     features = prefill_with_features(target.model, sequence[:-1], target.make_cache())
