@@ -9,7 +9,8 @@ At entry ``j`` the module reads the target's final (post-norm) hidden state ``h_
 
 Its decoder layers are copies of one of the target's own attention layers (same mlx-lm class,
 same attention and MLP code) with the MTP weights loaded into them, so no second transformer
-implementation exists here. Embeddings and output head are the target's, shared.
+implementation exists here; when the target runs quantized and the MTP weights are not, the copy
+is dequantized first. Embeddings and output head are the target's, shared.
 
 Chained drafting feeds the module's own output hidden (before or after ``final_norm``, as the
 layout says) back in as the next entry's ``h``. Only the first module of a checkpoint is run,
@@ -25,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
+from mlx_lm.utils import dequantize_model
 
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.mtp_checkpoint import EMBEDDING_FIRST, MtpCheckpoint, MtpModuleWeights
@@ -63,6 +65,8 @@ class MtpModule(nn.Module):
         self.blocks = []
         for i, weights in enumerate(w.blocks):
             block = copy.deepcopy(template)
+            if not any(k.endswith(".scales") for k in weights):
+                dequantize_model(block)  # a quantized target's layer, float MTP weights
             try:
                 block.load_weights([(k, v.astype(dtype)) for k, v in weights.items()], strict=True)
             except ValueError as exc:

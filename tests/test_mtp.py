@@ -174,6 +174,21 @@ def test_an_echo_head_predicts_what_the_target_predicted(root, layout):
     assert logits.argmax(axis=-1).tolist() == features.logits[:-1].argmax(axis=-1).tolist()
 
 
+def test_a_quantized_target_binds_float_mtp_weights(root):
+    """A 4-bit target (as Metal/CUDA keep it): the copied layer is dequantized for the float MTP
+    weights, and the echo head still reproduces the target's own prediction."""
+    import mlx.nn as nn
+
+    target_dir = tiny_mtp.build_glm_target(root / "echo-glm-q", echo=True)
+    target = load_model(target_dir)
+    nn.quantize(target.model, group_size=32, bits=4)
+    head = MtpHead(load_mtp(target_dir), target.model)
+    tokens = prompt_of(target)[:12]
+    features = forward_with_features(target.model, tokens, target.make_cache())
+    logits, _ = head.step(tokens[1:], features.normed[:-1], head.make_cache())
+    assert logits.argmax(axis=-1).tolist() == features.logits[:-1].argmax(axis=-1).tolist()
+
+
 def test_loading_refusals_are_clear(root, tiny_llama_dir, glm_dir):
     with pytest.raises(ModelLoadError, match="has no MTP layers"):
         load_mtp(tiny_llama_dir)
