@@ -24,6 +24,11 @@ OPENBLAS_CANDIDATES = (
     "/usr/lib/libopenblas.so.0",
 )
 _PRELOAD_MARK = "MLXCEL_BLAS_PRELOADED"
+# OpenBLAS threads when the environment does not say: one. The engine already keeps two threads
+# busy on a decode step (MLX's evaluation thread and the Python thread building the next graph);
+# OpenBLAS's extra workers spin between calls and fight them. On the shared 2-core box one thread
+# decoded 2-5x faster than OpenBLAS's default (docs/benchmarks.md).
+DEFAULT_BLAS_THREADS = "1"
 
 
 def on_gpu() -> bool:
@@ -83,11 +88,32 @@ def env_with_fast_blas(env: dict | None = None) -> dict:
     if not sys.platform.startswith("linux"):
         return env
     present = env.get("LD_PRELOAD", "")
-    missing = [lib for lib in preload_libraries(env) if lib not in present]
+    libs = preload_libraries(env)
+    missing = [lib for lib in libs if lib not in present]
     if missing:
         env["LD_PRELOAD"] = ":".join(p for p in (*missing, present) if p)
         env[_PRELOAD_MARK] = "1"
+    if libs:
+        env.setdefault("OPENBLAS_NUM_THREADS", DEFAULT_BLAS_THREADS)
     return env
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set OpenBLAS's thread count in this process (a server's ``-t N``); False when OpenBLAS is
+    not loaded here."""
+    import ctypes
+
+    lib = openblas_library()
+    if lib is None or n < 1:
+        return False
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    if "libopenblas" not in maps:
+        return False
+    ctypes.CDLL(lib).openblas_set_num_threads(int(n))
+    return True
 
 
 def reexec_with_fast_blas() -> None:

@@ -66,6 +66,24 @@ def test_the_shim_comes_first_in_a_childs_preload():
     assert "libmlxcel_sgemv" not in off and "libopenblas" in off
 
 
+def test_openblas_runs_one_thread_unless_told_otherwise():
+    from mlxcel.engine.device import set_blas_threads
+
+    if not sys.platform.startswith("linux") or not preload_libraries():
+        pytest.skip("no OpenBLAS on this machine")
+    assert env_with_fast_blas({"PATH": ""})["OPENBLAS_NUM_THREADS"] == "1"
+    assert env_with_fast_blas({"PATH": "", "OPENBLAS_NUM_THREADS": "2"})["OPENBLAS_NUM_THREADS"] == "2"
+    if "libopenblas" not in loaded_libraries():
+        pytest.skip("OpenBLAS is not preloaded in this process")
+    lib = ctypes.CDLL(preload_libraries()[-1])
+    before = lib.openblas_get_num_threads()
+    try:
+        assert set_blas_threads(2) and lib.openblas_get_num_threads() == 2
+        assert set_blas_threads(1) and lib.openblas_get_num_threads() == 1
+    finally:
+        set_blas_threads(before)
+
+
 @pytest.mark.parametrize("n,k", [(7, 5), (96, 64), (1536, 576)])
 def test_one_row_matmuls_go_through_sgemv_and_are_right(n, k):
     lib = shim_handle()
