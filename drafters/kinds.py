@@ -88,7 +88,8 @@ def auto_detected_kind_lines(resolved: ResolvedKind) -> list[str]:
 def explicit_kind_error(kind: str) -> MlxcelError:
     """``--draft-kind`` given to ``mlxcel generate``: refused, with the reason."""
     hint = " (for prompt lookup use --prompt-lookup)" if kind == "prompt-lookup" else ""
-    server = f"{SERVER_COMMAND} {SERVER_FLAGS[kind]}" if kind in SERVER_FLAGS else f"{SERVER_COMMAND} --draft-kind {kind}"
+    flags = SERVER_FLAGS.get(kind, f"--draft-kind {kind}")
+    server = f"{SERVER_COMMAND} {flags}"
     return MlxcelError(
         f"--draft-kind {kind}: mlxcel generate does not construct kind-specific round loops; it runs only "
         f"the classic draft-model path (--draft-model){hint}. Kind-specific round loops run in "

@@ -131,7 +131,8 @@ def _weights(path: Path) -> dict[str, mx.array]:
     return renamed
 
 
-def load_dflash_checkpoint(path: str | Path, *, dtype: mx.Dtype | None = mx.float32) -> tuple[DFlashNetwork, DFlashSpec]:
+def load_dflash_checkpoint(path: str | Path, *,
+                           dtype: mx.Dtype | None = mx.float32) -> tuple[DFlashNetwork, DFlashSpec]:
     """Read a DFlash-family drafter directory into a ready network (weights cast to ``dtype``;
     float32 on this project's CPU build, as targets are)."""
     path = Path(path).expanduser()

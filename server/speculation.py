@@ -422,8 +422,9 @@ def _flatten(tree):
 
 
 def _rule_note(drafter) -> str:
-    return ("greedy-argmax at temperature 0; sampling requests decoded plainly" if getattr(drafter, "greedy_only", False)
-            else "greedy-argmax at temperature 0, argmax-against-argmax above it unless stochastic acceptance is on")
+    if getattr(drafter, "greedy_only", False):
+        return "greedy-argmax at temperature 0; sampling requests decoded plainly"
+    return "greedy-argmax at temperature 0, argmax-against-argmax above it unless stochastic acceptance is on"
 
 
 @dataclass
