@@ -118,8 +118,19 @@ def main(argv: list[str] | None = None) -> int:
     server.run()
     if failed:
         print(f"error: {failed[0]}", file=sys.stderr)
-        return 1
-    return 0
+    _exit_now(1 if failed else 0)
+    return 1 if failed else 0  # not reached
+
+
+def _exit_now(code: int) -> None:
+    """End the process once the server has shut down, skipping the interpreter's teardown: MLX
+    used from threads other than the main one (the engine and loading threads) can abort at
+    teardown ("terminate called without an active exception", ml-explore/mlx#3126), which would
+    turn a clean SIGTERM into exit status -6. Everything that matters is flushed first."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
