@@ -68,11 +68,16 @@ class DFlashDrafter(ModelDrafter):
     def bind(self, target_model: Any) -> None:
         inner = inner_model(target_model)
         n_layers = len(inner.layers)
+        declared = self.spec.num_target_layers
+        if declared is not None and int(declared) != n_layers:
+            raise ModelLoadError(f"the {self.kind} drafter was trained on a {declared}-layer target; this target has "
+                                 f"{n_layers} layers")
         bad = [i for i in self.feature_layers if not 0 <= i < n_layers]
         if bad:
             raise ModelLoadError(f"the {self.kind} drafter reads target layers {list(self.feature_layers)}, but the "
                                  f"target has {n_layers} layers")
-        width = int(inner.embed_tokens.weight.shape[-1]) if hasattr(inner.embed_tokens, "weight") else None
+        norm_weight = getattr(inner.norm, "weight", None)  # never quantized, unlike the embedding table
+        width = int(norm_weight.shape[-1]) if norm_weight is not None else None
         if width is not None and width != self.spec.hidden_size:
             raise ModelLoadError(f"the {self.kind} drafter's hidden size {self.spec.hidden_size} does not match the "
                                  f"target's {width}; it was trained for another target")

@@ -139,8 +139,8 @@ def test_a_broken_checkpoint_is_refused_clearly(drafter_dirs, tmp_path):
 
 def test_binding_to_the_wrong_target_is_refused(drafter_dirs, tiny_llama):
     drafter = load_model_drafter(drafter_dirs["dflash"], target_vocab_size=tiny_llama.vocab_size)
-    with pytest.raises(ModelLoadError, match="layers"):
-        drafter.bind(tiny_llama.model)  # 2 layers; the drafter reads layer 3
+    with pytest.raises(ModelLoadError, match="trained on a 4-layer target"):
+        drafter.bind(tiny_llama.model)  # 2 layers; the drafter declares num_target_layers 4
 
 
 # -- temperature 0 is greedy target-only decoding -----------------------------------------------
