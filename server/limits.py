@@ -27,6 +27,7 @@ from .errors import body_timeout, invalid, payload_too_large
 from .sse import JsonResponse
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
+_EXPIRED = float("inf")
 DEFAULT_MAX_QUEUE = 256
 MAX_STOP_STRINGS = 256
 MAX_STOP_CHARS = 16384
@@ -75,6 +76,9 @@ class BodyLimit:
     def __init__(self, limit: int, read_timeout: float = 0.0):
         self.limit = limit
         self.read_timeout = read_timeout
+        self._reading: dict[asyncio.Task, float] = {}  # body reads in progress -> deadline
+        self._watchdog: asyncio.Task | None = None
+        self._watchdog_loop = None
 
     def declared_too_large(self, scope) -> int | None:
         """The declared length when it is over the limit (or unparseable: -1), else None."""
@@ -97,11 +101,7 @@ class BodyLimit:
             if done or timeout <= 0:
                 message = await receive()
             else:
-                try:
-                    async with asyncio.timeout(timeout):
-                        message = await receive()
-                except TimeoutError:
-                    raise BodyTimeout(timeout) from None
+                message = await self._timed(receive)
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
@@ -110,6 +110,35 @@ class BodyLimit:
             return message
 
         return limited
+
+    async def _timed(self, receive):
+        """``receive()``, cancelled by the watchdog if it waits past the read timeout. A dict entry
+        per read instead of a timer per read: the common case (the body is already there) costs
+        well under a microsecond."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        if self._watchdog is None or self._watchdog_loop is not loop:
+            self._watchdog_loop, self._watchdog = loop, loop.create_task(self._watch())
+        self._reading[task] = loop.time() + self.read_timeout
+        try:
+            return await receive()
+        except asyncio.CancelledError:
+            if self._reading.get(task) == _EXPIRED:
+                task.uncancel()
+                raise BodyTimeout(self.read_timeout) from None
+            raise
+        finally:
+            self._reading.pop(task, None)
+
+    async def _watch(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(1.0, self.read_timeout))
+            now = loop.time()
+            for task, deadline in list(self._reading.items()):
+                if now > deadline:
+                    self._reading[task] = _EXPIRED
+                    task.cancel()
 
     async def refuse(self, size: int | None, scope, receive, send) -> None:
         err = payload_too_large(size if size and size > 0 else None, self.limit)
