@@ -5,8 +5,8 @@ upstream llama-server (the build the reference captures came from), written as J
 States: ``supported`` (same behaviour), ``aliased`` (accepted as another name for a supported
 one), ``divergent`` (accepted, behaves differently in a documented way), ``not-applicable``
 (answered the way upstream answers when the feature is switched off, or a knob with no MLX
-meaning), ``refused`` (a clear 4xx/5xx or startup error), ``ignored``, ``planned`` (arrives with
-the speculative server). Every divergence carries its rationale.
+meaning), ``refused`` (a clear 4xx/5xx or startup error), ``ignored``, ``planned`` (not implemented
+yet), ``extension`` (mlxcel's own, no upstream counterpart). Every divergence carries its rationale.
 """
 
 from __future__ import annotations
@@ -60,6 +60,8 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("POST", "/v1/reranking", "not-applicable", NA_501),
     ("POST", "/infill", "not-applicable", "501 not_supported_error (upstream: 501 when the model lacks FIM tokens)"),
     ("GET", "/", "divergent", "a plain-text banner instead of the web UI"),
+    ("GET", "/openapi.json", "extension", "mlxcel: the server's own OpenAPI 3.1 document (upstream has none); "
+     "the fuzz tests run against it"),
     ("POST", "/v1/messages", "planned", "Anthropic Messages API: not implemented yet (404)"),
     ("POST", "/v1/messages/count_tokens", "planned", "Anthropic Messages API: not implemented yet (404)"),
     ("POST", "/v1/responses", "planned", "OpenAI Responses API: not implemented yet (404)"),
