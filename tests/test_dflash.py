@@ -315,3 +315,30 @@ def test_muse_clears_both_widths_with_the_probe_before_the_first_block(drafter_d
     r = verify_round(muse.model, cache, chain, drafter, sequence, rule=GREEDY_ARGMAX, k=7, seed=0)
     assert r.proposed == DECLARED_DEPTH - 1 and r.chain_verified
     exactness_probe.forget(muse.model)
+
+
+@pytest.fixture(scope="module")
+def diffuse(root):
+    """A target and drafter with diffuse, overlapping p and q (the stochastic rule accepts often)."""
+    target = load_model(tiny_drafters.build_target(root / "diffuse", "qwen3", seed=3, logit_scale=0.08))
+    return target, tiny_drafters.build_dflash(root / "diffuse-d", target.path, layer_ids=(1, 3), logit_scale=0.04)
+
+
+@pytest.mark.parametrize("stochastic", [True, False])
+def test_chain_verify_makes_the_block_paths_decisions(diffuse, stochastic, monkeypatch):
+    """Same seed, same drafts: verifying token by token (probe failed) emits exactly what the block
+    path emits, on both branches of the stochastic rule (accepts, residual draws, bonus draws)."""
+    target, drafter_dir = diffuse
+    params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=21, ignore_eos=True)
+    prompt = list(target.tokenizer.encode(PROMPT))
+    runs = {}
+    for probe in ("pass", "fail"):
+        monkeypatch.setenv(exactness_probe.PROBE_ENV, probe)
+        drafter = load_model_drafter(drafter_dir, target_vocab_size=target.vocab_size)
+        runs[probe] = speculate(target, drafter, prompt, 120, params, stochastic=stochastic)
+    (block, c_block), (chain, c_chain) = runs["pass"], runs["fail"]
+    assert block == chain
+    assert c_chain.chain_rounds == c_chain.rounds > 0 and c_block.chain_rounds == 0
+    assert (c_block.accepted, c_block.positions_tested) == (c_chain.accepted, c_chain.positions_tested)
+    if stochastic:
+        assert 0 < c_block.accepted < c_block.positions_tested
