@@ -52,6 +52,7 @@ from .acceptance import (
     walk_chain,
 )
 from .draft_proposal import Proposal
+from .exactness_probe import block_verdict
 from .kv_cache import rewind
 from .random_keys import position_key
 from .sampler_chain import SamplerChain, sample
@@ -106,10 +107,9 @@ def verify_round(
     if block_exact is None:
         block_exact = True
         if drafts and getattr(drafter, "probe_gated", False):
-            from .exactness_probe import block_verdict
-
-            widths = {len(block), *getattr(drafter, "probe_widths", lambda _k: ())(k)}
-            block_exact = all(block_verdict(model, w, vocab_size=chain.vocab_size).exact for w in sorted(widths))
+            # every width this drafter may verify at must clear the probe (ModelDrafter.probe_widths)
+            widths = sorted({len(block), *drafter.probe_widths(k)})
+            block_exact = all(block_verdict(model, w, vocab_size=chain.vocab_size).exact for w in widths)
 
     if block_exact or not drafts:
         features = _forward(model, block, cache, layers)
