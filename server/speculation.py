@@ -29,7 +29,7 @@ Command line (upstream's flags, plus two mlxcel extensions):
   ``draft_kind`` ``dflash`` for the three DFlash-family drafters (one round loop) and ``mtp``.
   These drafters need the prompt's hidden states before their first round: a speculating row
   computes them with one extra target pass over its prompt (the slot's own prefill does not keep
-  them), a cost the request pays inside its prefill time.
+  them); it runs after the first token is sampled, so its time is in the request's predicted_ms.
 * DSpark proposes greedy chains only: a request that samples (temperature > 0 and top_k != 1) is
   decoded plainly, with one warning in the log per request.
 * ``--draft-kind`` (mlxcel): ``prompt-lookup``, ``draft-model``, or a model-based kind above;
