@@ -59,9 +59,14 @@ def refuse_drafter_only_checkpoint(path: str | Path, config: dict | None = None)
         raise MlxcelError(
             f"{path} is a {family} drafter checkpoint: it has no embeddings or LM head of its own and "
             f"borrows the target's, so mlxcel generate cannot run it as a draft model. "
-            f"A {family} drafter runs in {SERVER_COMMAND}'s DFlash round loop instead "
+            f"A {family} drafter runs in {SERVER_COMMAND}'s {_round_loop(family)} instead "
             f"({SERVER_COMMAND} -m TARGET {SERVER_FLAGS[family].replace('DIR', str(path))})."
         )
+
+
+def _round_loop(family: str) -> str:
+    """The server round loop a drafter-only checkpoint of ``family`` runs on."""
+    return "MTP round loop" if family == "mtp" else "DFlash round loop"
 
 
 def detect_drafter_kind(config: dict) -> ResolvedKind:
@@ -71,8 +76,11 @@ def detect_drafter_kind(config: dict) -> ResolvedKind:
     if family is not None:
         detail = f"block_size = {block_size}" if block_size else "from config.json"
         return ResolvedKind(family, detail)
-    if int(config.get("num_nextn_predict_layers") or 0) > 0:
-        return ResolvedKind("mtp", f"num_nextn_predict_layers = {config['num_nextn_predict_layers']}")
+    text_config = config.get("text_config") or {}
+    for source in (config, text_config):  # multimodal wrappers (Qwen3.5) nest the language model's keys
+        for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+            if int(source.get(key) or 0) > 0:
+                return ResolvedKind("mtp", f"{key} = {source[key]}")
     return ResolvedKind(DEFAULT_DRAFTER_KIND, f"block_size = {block_size or DEFAULT_BLOCK_SIZE}, default")
 
 

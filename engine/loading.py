@@ -113,7 +113,7 @@ def load_mlx_dir(path: Path) -> LoadedModel:
         raise ModelLoadError(
             f"{path} is a {kind} drafter checkpoint, not a standalone model: it borrows the target's "
             "embeddings and head. Pass a full model to -m, and this directory to mlxcel-server as its drafter "
-            "(-md DIR, served on the DFlash round loop)."
+            f"(-md DIR, served on the {'MTP' if kind == 'mtp' else 'DFlash'} round loop)."
         )
     try:
         model, tokenizer = mlx_lm_load(str(path))

@@ -11,7 +11,7 @@ import json
 import pytest
 import tiny_checkpoints
 
-from mlxcel.drafters.kinds import detect_drafter_kind, refuse_drafter_only_checkpoint
+from mlxcel.drafters.kinds import ResolvedKind, detect_drafter_kind, refuse_drafter_only_checkpoint
 from mlxcel.engine.errors import MlxcelError, ModelLoadError
 from mlxcel.engine.loading import load_model
 from mlxcel.server.speculative_options import add_speculative_args, check_same_vocabulary, check_speculative_args
@@ -22,6 +22,7 @@ DRAFTER_ONLY = {
     "dspark": {"model_type": "lfm2", "architectures": ["Lfm2DSparkDraftModel"]},
     "muse": {"model_type": "muse_glimmer_assistant"},
     "muse-arch": {"model_type": "x", "architectures": ["MuseGlimmerAssistantModel"]},
+    "mtp-assistant": {"model_type": "glm4_moe", "architectures": ["Glm4MoeForCausalLMNextN"]},
 }
 
 
@@ -57,12 +58,15 @@ def test_drafter_only_checkpoints_are_refused_naming_the_server(drafter_only_dir
         check_speculative_args(parser, args, err=err)
     message = str(exc.value)
     assert "mlxcel-server" in message and "drafter checkpoint" in message
+    loop = "MTP round loop" if drafter_only_dir.name.startswith("mtp") else "DFlash round loop"
+    assert loop in message
     assert err.getvalue() == ""  # refused before any kind line
 
 
 def test_loading_a_drafter_only_checkpoint_as_a_model_is_refused_too(drafter_only_dir):
-    with pytest.raises(ModelLoadError, match="not a standalone model"):
+    with pytest.raises(ModelLoadError, match="not a standalone model") as exc:
         load_model(drafter_only_dir)
+    assert ("MTP" if drafter_only_dir.name.startswith("mtp") else "DFlash") in str(exc.value)
 
 
 def test_explicit_draft_kind_is_an_error_that_says_why(tiny_llama_dir):
@@ -111,6 +115,8 @@ def test_detect_kind_on_structures():
     assert detect_drafter_kind(DRAFTER_ONLY["dflash"]).detail == "block_size = 16"
     assert detect_drafter_kind(DRAFTER_ONLY["dspark"]).kind == "dspark"
     assert detect_drafter_kind({"model_type": "deepseek_v3", "num_nextn_predict_layers": 1}).kind == "mtp"
+    qwen35 = {"model_type": "qwen3_5", "text_config": {"mtp_num_hidden_layers": 1}}
+    assert detect_drafter_kind(qwen35) == ResolvedKind("mtp", "mtp_num_hidden_layers = 1")
     refuse_drafter_only_checkpoint("plain", {"model_type": "llama"})  # an ordinary model passes
 
 
