@@ -33,6 +33,7 @@ class ServerConfig:
     tags: str | None = None
     host: str = "127.0.0.1"
     port: int = 8080
+    threads: int = -1  # -t: OpenBLAS threads on a Linux CPU (-1: the device default)
     ctx_size: int = 0
     parallel: int = -1
     n_predict: int = -1

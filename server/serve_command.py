@@ -84,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 
+    if config.threads and config.threads > 0:
+        from ..engine.device import set_blas_threads
+
+        if not set_blas_threads(config.threads):
+            log.info("-t %d: OpenBLAS is not loaded in this process; nothing to set", config.threads)
+
     import uvicorn
 
     from .app import create_app

@@ -91,6 +91,8 @@ def test_supported_flags_take_effect():
         (0.1, 3, 9, ["k1", "k2"], True, False, 9999, "0.0.0.0")
     assert c.cache_prompt is False and (c.hf_repo, c.hf_file) == ("org/repo", "f.gguf")
     assert parse_args([]).host == "127.0.0.1" and parse_args([]).port == 8080 and parse_args([]).n_slots == 4
+    threaded = parse_args(["-t", "2"])  # OpenBLAS threads on a Linux CPU (set by serve_command)
+    assert threaded.threads == 2 and not threaded.notes and parse_args([]).threads == -1
 
 
 def test_routes_agree_with_app():
