@@ -29,12 +29,16 @@ static sgemv_fn next_sgemv;
 long mlxcel_sgemv_calls;
 int mlxcel_sgemv_off;
 
+/* Resolved once when the library is loaded, before any thread can call in. */
+__attribute__((constructor)) static void resolve_next(void) {
+  next_sgemv = (sgemv_fn)dlsym(RTLD_NEXT, "cblas_sgemv");
+  next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
+}
+
 void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float alpha, const float *a,
                  int lda, const float *b, int ldb, float beta, float *c, int ldc) {
-  if (next_sgemm == NULL) {
-    next_sgemv = (sgemv_fn)dlsym(RTLD_NEXT, "cblas_sgemv");
-    next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
-  }
+  if (next_sgemm == NULL) /* a library loaded after us: resolve now */
+    resolve_next();
   if (order == ROW_MAJOR && m == 1 && next_sgemv != NULL && !mlxcel_sgemv_off) {
     /* c[1, n] = alpha * a[1, k] . op(b) + beta * c.  a's k elements are contiguous when a is not
      * transposed, and lda apart when it is (a is then k x 1).  op(b) = b^T: b is n x k (row-major,
