@@ -7,6 +7,9 @@ ARGS ?=
 PYTEST_ARGS ?=
 # Preloads OpenBLAS on a Linux CPU (see engine/device.py).
 RUN := ./scripts/with-blas
+# Tests share the cores between the test process and the servers it starts: one OpenBLAS thread
+# each (spinning workers otherwise starve the engines; engine/device.py default_blas_threads).
+TEST_RUN := OPENBLAS_NUM_THREADS=1 $(RUN)
 
 .PHONY: setup setup-test serve test test-slow test-all fuzz bench bench-server lint clean
 
@@ -20,18 +23,18 @@ serve: setup
 	$(VENV)/bin/mlxcel-server --host $(HOST) --port $(PORT) $(ARGS)
 
 test: setup-test
-	$(RUN) $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(TEST_RUN) $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 test-slow: setup-test
-	$(RUN) $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+	$(TEST_RUN) $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
 test-all: setup-test
-	$(RUN) $(PY) -m pytest -q $(PYTEST_ARGS)
+	$(TEST_RUN) $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # schemathesis over the server's OpenAPI document, long run (the default suite runs a short slice)
 FUZZ_EXAMPLES ?= 150
 fuzz: setup-test
-	MLXCEL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(RUN) $(PY) -m pytest -q -s tests/test_server_fuzz.py $(PYTEST_ARGS)
+	MLXCEL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(TEST_RUN) $(PY) -m pytest -q -s tests/test_server_fuzz.py $(PYTEST_ARGS)
 
 bench: setup
 	$(RUN) $(PY) scripts/bench_generate.py $(ARGS)

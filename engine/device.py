@@ -24,11 +24,17 @@ OPENBLAS_CANDIDATES = (
     "/usr/lib/libopenblas.so.0",
 )
 _PRELOAD_MARK = "MLXCEL_BLAS_PRELOADED"
-# OpenBLAS threads when the environment does not say: one. The engine already keeps two threads
-# busy on a decode step (MLX's evaluation thread and the Python thread building the next graph);
-# OpenBLAS's extra workers spin between calls and fight them. On the shared 2-core box one thread
-# decoded 2-5x faster than OpenBLAS's default (docs/benchmarks.md).
-DEFAULT_BLAS_THREADS = "1"
+def default_blas_threads() -> str:
+    """OpenBLAS threads when neither ``OPENBLAS_NUM_THREADS`` nor ``-t`` says: every core this
+    process may run on, as llama-server's ``-t`` defaults to the machine's cores. On an otherwise
+    idle 2-core box two threads decoded 1.4x faster than one (docs/benchmarks.md). On cores that
+    other busy processes share, OpenBLAS's workers spin between calls and starve the engine's own
+    threads (2-5x slower than one thread there), so shared runs pass ``-t 1`` or set
+    ``OPENBLAS_NUM_THREADS=1``, as the test targets do."""
+    try:
+        return str(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return str(os.cpu_count() or 1)
 
 
 def on_gpu() -> bool:
@@ -94,7 +100,7 @@ def env_with_fast_blas(env: dict | None = None) -> dict:
         env["LD_PRELOAD"] = ":".join(p for p in (*missing, present) if p)
         env[_PRELOAD_MARK] = "1"
     if libs:
-        env.setdefault("OPENBLAS_NUM_THREADS", DEFAULT_BLAS_THREADS)
+        env.setdefault("OPENBLAS_NUM_THREADS", default_blas_threads())
     return env
 
 

@@ -76,8 +76,8 @@ FLAGS: list[Flag] = [
     F("-cl --cache-list", "refused", note="mlxcel has no model cache listing; models are paths or HF repos"),
     F("--completion-bash", "refused", note="no bash completion script is provided"),
     F("-t --threads", "divergent", "N", dest="threads", type="int",
-      note="on a Linux CPU, the OpenBLAS threads that run the matmuls (default 1, or OPENBLAS_NUM_THREADS; "
-           "docs/benchmarks.md says why); MLX's other CPU ops and any GPU are unaffected"),
+      note="on a Linux CPU, the OpenBLAS threads that run the matmuls (default: every usable core, as "
+           "upstream, or OPENBLAS_NUM_THREADS); MLX's other CPU ops and any GPU are unaffected"),
     F("-tb --threads-batch", "ignored", "N", note=BACKEND),
     F("-C --cpu-mask", "ignored", "M", note=BACKEND),
     F("-Cr --cpu-range", "ignored", "lo-hi", note=BACKEND),

@@ -66,12 +66,13 @@ def test_the_shim_comes_first_in_a_childs_preload():
     assert "libmlxcel_sgemv" not in off and "libopenblas" in off
 
 
-def test_openblas_runs_one_thread_unless_told_otherwise():
+def test_openblas_threads_default_to_the_usable_cores_unless_told_otherwise():
     from mlxcel.engine.device import set_blas_threads
 
     if not sys.platform.startswith("linux") or not preload_libraries():
         pytest.skip("no OpenBLAS on this machine")
-    assert env_with_fast_blas({"PATH": ""})["OPENBLAS_NUM_THREADS"] == "1"
+    cores = str(len(os.sched_getaffinity(0)))
+    assert env_with_fast_blas({"PATH": ""})["OPENBLAS_NUM_THREADS"] == cores
     assert env_with_fast_blas({"PATH": "", "OPENBLAS_NUM_THREADS": "2"})["OPENBLAS_NUM_THREADS"] == "2"
     if "libopenblas" not in loaded_libraries():
         pytest.skip("OpenBLAS is not preloaded in this process")
