@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,3 +126,24 @@ def load_capture(name: str) -> Capture:
 
 def capture_names() -> list[str]:
     return sorted(p.name[: -len(".request.txt")] for p in (CAPTURES / "responses").glob("*.request.txt"))
+
+
+@contextmanager
+def running(**makers: Callable[[], ServerProcess]) -> Iterator[dict[str, ServerProcess]]:
+    """Start one server per keyword (``name=functools.partial(ServerProcess, *args)``), yield
+    them by name, and stop every one that started, whatever happens."""
+    procs: dict[str, ServerProcess] = {}
+    try:
+        for name, make in makers.items():
+            procs[name] = make()
+        yield procs
+    finally:
+        for proc in procs.values():
+            proc.stop()
+
+
+def post_ok(server: ServerProcess, path: str, body: dict, timeout: float = 180) -> dict:
+    """POST ``body`` as JSON, require 200, return the decoded body."""
+    r = httpx.post(server.url + path, json=body, timeout=timeout)
+    assert r.status_code == 200, r.text
+    return r.json()

@@ -14,11 +14,12 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import httpx
 import pytest
 import tiny_drafters
-from server_process import ServerProcess, sse_events
+from server_process import ServerProcess, post_ok, running, sse_events
 
 from mlxcel.engine.decode import generate_tokens
 from mlxcel.engine.loading import load_model
@@ -48,18 +49,13 @@ def models(checkpoints_root):
 @pytest.fixture(scope="module")
 def servers(models):
     common = ("-np", "2", "-ub", "16")
-    procs = {}
-    try:
-        procs["dflash"] = ServerProcess("-m", str(models["qwen3"].path), *common, "-md", str(models["dflash"]),
-                                        env={"MLXCEL_EXACTNESS_PROBE": "pass"})
-        procs["dspark"] = ServerProcess("-m", str(models["qwen3"].path), *common, "--spec-type", "draft-dspark",
-                                        "-md", str(models["dspark"]), "--spec-draft-n-max", "4")
-        procs["muse"] = ServerProcess("-m", str(models["muse"].path), *common, "--draft-kind", "muse-glimmer",
-                                      "-md", str(models["muse-asst"]), env={"MLXCEL_EXACTNESS_PROBE": "pass"})
+    qwen3, probe_pass = str(models["qwen3"].path), {"MLXCEL_EXACTNESS_PROBE": "pass"}
+    with running(dflash=partial(ServerProcess, "-m", qwen3, *common, "-md", str(models["dflash"]), env=probe_pass),
+                 dspark=partial(ServerProcess, "-m", qwen3, *common, "--spec-type", "draft-dspark",
+                                "-md", str(models["dspark"]), "--spec-draft-n-max", "4"),
+                 muse=partial(ServerProcess, "-m", str(models["muse"].path), *common, "--draft-kind", "muse-glimmer",
+                              "-md", str(models["muse-asst"]), env=probe_pass)) as procs:
         yield procs
-    finally:
-        for p in procs.values():
-            p.stop()
 
 
 def target_of(kind, models):
@@ -71,10 +67,6 @@ def greedy(lm, prompt, n=N):
     return [s.token for s in generate_tokens(lm.model, prompt, chain, cache=lm.make_cache(), max_tokens=n)]
 
 
-def post(server, path, body):
-    r = httpx.post(server.url + path, json=body, timeout=180)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def stream(server, path, body):
@@ -102,7 +94,7 @@ def test_temperature_zero_tokens_equal_greedy_target_decoding(servers, models, k
     lm = target_of(kind, models)
     for text in TEXTS:
         prompt = list(lm.tokenizer.encode(text))
-        body = post(servers[kind], "/completion", native(prompt))
+        body = post_ok(servers[kind], "/completion", native(prompt))
         assert body["tokens"] == greedy(lm, prompt), (kind, text)
         check_dflash(body["timings"])
     if kind == "muse":
@@ -112,10 +104,10 @@ def test_temperature_zero_tokens_equal_greedy_target_decoding(servers, models, k
 def test_draft_kind_on_every_route_and_stream_shape(servers, models):
     s = servers["dflash"]
     text = TEXTS[0]
-    check_dflash(post(s, "/v1/completions", {"prompt": text, "max_tokens": N, "temperature": 0,
+    check_dflash(post_ok(s, "/v1/completions", {"prompt": text, "max_tokens": N, "temperature": 0,
                                              "ignore_eos": True})["timings"])
     chat = {"messages": [{"role": "user", "content": text}], "max_tokens": N, "temperature": 0, "ignore_eos": True}
-    check_dflash(post(s, "/v1/chat/completions", chat)["timings"])
+    check_dflash(post_ok(s, "/v1/chat/completions", chat)["timings"])
     events = stream(s, "/completion", native(text, timings_per_token=True))
     check_dflash(events[-1]["timings"])
     assert all(list(e["timings"]) == list(events[-1]["timings"])[:BASE_KEYS] for e in events[:-1])
@@ -126,7 +118,7 @@ def test_draft_kind_on_every_route_and_stream_shape(servers, models):
                                                         "ignore_eos": True}) if "timings" in c]
     assert len(chunks) == 1
     check_dflash(chunks[0]["timings"])
-    settings = post(s, "/completion", native(text))["generation_settings"]
+    settings = post_ok(s, "/completion", native(text))["generation_settings"]
     assert settings["speculative.types"] == "none,draft-dflash"
 
 
@@ -135,14 +127,14 @@ def test_sampling_serves_the_greedy_stream_unless_the_request_opts_in(servers, m
     prompt = list(lm.tokenizer.encode(TEXTS[0]))
     sampled = dict(temperature=20.0, top_k=0, top_p=1.0, min_p=0.0, seed=7)  # the tiny target is very peaked
     before = log_count(s, "rule=argmax-against-argmax")
-    body = post(s, "/completion", native(prompt, **sampled))
+    body = post_ok(s, "/completion", native(prompt, **sampled))
     # the first token is the prefill's own draw; from there argmax-against-argmax serves the greedy stream
     first = body["tokens"][:1]
     assert body["tokens"][1:] == greedy(lm, prompt + first, N - 1)
     check_dflash(body["timings"])
     assert log_count(s, "rule=argmax-against-argmax") == before + 1
     before = log_count(s, "rule=stochastic")
-    body = post(s, "/completion", native(prompt, **sampled, **{"speculative.stochastic_accept": True}))
+    body = post_ok(s, "/completion", native(prompt, **sampled, **{"speculative.stochastic_accept": True}))
     assert log_count(s, "rule=stochastic") == before + 1
     first = body["tokens"][:1]
     assert body["tokens"][1:] != greedy(lm, prompt + first, N - 1)  # a real sample now
@@ -156,10 +148,10 @@ def test_dspark_declines_a_sampling_request_with_one_warning(servers, models):
     prompt = list(lm.tokenizer.encode(TEXTS[1]))
     needle = "chain is greedy only"
     before = log_count(s, needle)
-    body = post(s, "/completion", native(prompt, temperature=0.8, seed=3))
+    body = post_ok(s, "/completion", native(prompt, temperature=0.8, seed=3))
     assert list(body["timings"])[BASE_KEYS:] == []  # decoded plainly: no draft counters
     assert log_count(s, needle) == before + 1
-    body = post(s, "/completion", native(prompt, temperature=0.8, top_k=1))  # top_k 1 is argmax: drafted
+    body = post_ok(s, "/completion", native(prompt, temperature=0.8, top_k=1))  # top_k 1 is argmax: drafted
     check_dflash(body["timings"])
     assert log_count(s, needle) == before + 1
 

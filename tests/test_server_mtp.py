@@ -6,11 +6,12 @@ for token, with ``draft_kind: "mtp"`` in the timings of every route."""
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import httpx
 import pytest
 import tiny_mtp
-from server_process import ServerProcess, sse_events
+from server_process import ServerProcess, post_ok, running, sse_events
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox", "Hello, world! How are you"]
 N = 24
@@ -31,22 +32,11 @@ def assistant_dir(checkpoints_root, target_dir):
 @pytest.fixture(scope="module")
 def servers(target_dir, assistant_dir):
     common = ("-m", str(target_dir), "-np", "2", "-ub", "16")
-    procs = {}
-    try:
-        procs["plain"] = ServerProcess(*common)
-        procs["internal"] = ServerProcess(*common, "--draft-kind", "mtp", "--spec-draft-n-max", "3")
-        procs["assistant"] = ServerProcess(*common, "--spec-type", "draft-mtp", "-md", str(assistant_dir),
-                                           "--spec-draft-n-max", "3")
+    with running(plain=partial(ServerProcess, *common),
+                 internal=partial(ServerProcess, *common, "--draft-kind", "mtp", "--spec-draft-n-max", "3"),
+                 assistant=partial(ServerProcess, *common, "--spec-type", "draft-mtp", "-md", str(assistant_dir),
+                                   "--spec-draft-n-max", "3")) as procs:
         yield procs
-    finally:
-        for p in procs.values():
-            p.stop()
-
-
-def post(server, path: str, body: dict) -> dict:
-    r = httpx.post(server.url + path, json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def native(prompt: str, **fields) -> dict:
@@ -69,14 +59,14 @@ def test_temperature_zero_equals_the_plain_server(servers, variant):
     s = servers[variant]
     accepted = 0
     for p in PROMPTS:
-        a = post(servers["plain"], "/completion", native(p))
-        b = post(s, "/completion", native(p))
+        a = post_ok(servers["plain"], "/completion", native(p))
+        b = post_ok(s, "/completion", native(p))
         assert b["content"] == a["content"]
         assert b["tokens_predicted"] == a["tokens_predicted"] == N
         check_mtp(b["timings"])
         accepted += b["timings"]["draft_n_accepted"]
-        a = post(servers["plain"], "/v1/chat/completions", chat(p))
-        b = post(s, "/v1/chat/completions", chat(p))
+        a = post_ok(servers["plain"], "/v1/chat/completions", chat(p))
+        b = post_ok(s, "/v1/chat/completions", chat(p))
         assert b["choices"][0]["message"]["content"] == a["choices"][0]["message"]["content"]
         check_mtp(b["timings"])
     assert accepted > 0
@@ -84,19 +74,19 @@ def test_temperature_zero_equals_the_plain_server(servers, variant):
 
 def test_stream_and_openai_completion_report_mtp(servers):
     s = servers["internal"]
-    check_mtp(post(s, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N, "temperature": 0,
+    check_mtp(post_ok(s, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": N, "temperature": 0,
                                           "ignore_eos": True})["timings"])
     with httpx.stream("POST", s.url + "/completion", json={**native(PROMPTS[0]), "stream": True}, timeout=120) as r:
         assert r.status_code == 200
         events = [json.loads(e) for e in sse_events(r.read().decode()) if e != "[DONE]"]
     check_mtp(events[-1]["timings"])
     text = "".join(e.get("content", "") for e in events)
-    assert text == post(servers["plain"], "/completion", native(PROMPTS[0]))["content"]
+    assert text == post_ok(servers["plain"], "/completion", native(PROMPTS[0]))["content"]
 
 
 def test_a_sampled_request_is_served(servers):
     body = native(PROMPTS[1], temperature=0.8, seed=5)
-    b = post(servers["internal"], "/completion", body)
+    b = post_ok(servers["internal"], "/completion", body)
     assert b["tokens_predicted"] == N
     check_mtp(b["timings"])
 

@@ -8,12 +8,13 @@ import asyncio
 import json
 import subprocess
 import sys
+from functools import partial
 
 import httpx
 import pytest
 
 import tiny_checkpoints
-from server_process import REPO, ServerProcess, server_env, sse_events
+from server_process import REPO, ServerProcess, post_ok, running, server_env, sse_events
 
 BASE_KEYS = ["cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
              "predicted_ms", "predicted_per_token_ms", "predicted_per_second"]
@@ -37,21 +38,11 @@ def draft_dir(checkpoints_root):
 @pytest.fixture(scope="module")
 def servers(tiny_llama_dir, draft_dir):
     common = ("-m", str(tiny_llama_dir), "-np", "4", "--metrics", "-ub", "16")
-    procs = {}
-    try:
-        procs["plain"] = ServerProcess(*common)
-        procs["lookup"] = ServerProcess(*common, "--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "4")
-        procs["draft"] = ServerProcess(*common, "-md", str(draft_dir), "--spec-draft-n-max", "3")
+    with running(plain=partial(ServerProcess, *common),
+                 lookup=partial(ServerProcess, *common, "--spec-type", "ngram-simple", "--spec-ngram-simple-size-m",
+                                "4"),
+                 draft=partial(ServerProcess, *common, "-md", str(draft_dir), "--spec-draft-n-max", "3")) as procs:
         yield procs
-    finally:
-        for p in procs.values():
-            p.stop()
-
-
-def post(server, path: str, body: dict) -> dict:
-    r = httpx.post(server.url + path, json=body, timeout=120)
-    assert r.status_code == 200, r.text
-    return r.json()
 
 
 def stream(server, path: str, body: dict) -> list[dict]:
@@ -99,9 +90,9 @@ def test_counters_on_every_route(servers, kind, n_max):
     name = "prompt-lookup" if kind == "lookup" else "draft-model"
     p = PROMPTS[0]
     for path in ("/completion", "/completions"):
-        check_counters(post(s, path, native(p))["timings"], name, n_max)
-    check_counters(post(s, "/v1/completions", oai(p))["timings"], name, n_max)
-    check_counters(post(s, "/v1/chat/completions", chat(p))["timings"], name, n_max)
+        check_counters(post_ok(s, path, native(p))["timings"], name, n_max)
+    check_counters(post_ok(s, "/v1/completions", oai(p))["timings"], name, n_max)
+    check_counters(post_ok(s, "/v1/chat/completions", chat(p))["timings"], name, n_max)
 
     # native stream: only the final event carries the counters; per-token frames the nine base keys
     events = stream(s, "/completion", native(p, timings_per_token=True))
@@ -127,21 +118,21 @@ def test_counters_on_every_route(servers, kind, n_max):
 
 def test_counters_absent_without_a_verify_round(servers):
     p = PROMPTS[0]
-    no_counters(post(servers["plain"], "/completion", native(p))["timings"])
-    no_counters(post(servers["plain"], "/v1/chat/completions", chat(p))["timings"])
+    no_counters(post_ok(servers["plain"], "/completion", native(p))["timings"])
+    no_counters(post_ok(servers["plain"], "/v1/chat/completions", chat(p))["timings"])
     for kind in ("lookup", "draft"):
         s = servers[kind]
         # finished inside prefill: the only token came from the prefill logits
-        no_counters(post(s, "/completion", native(p, n_predict=1))["timings"])
+        no_counters(post_ok(s, "/completion", native(p, n_predict=1))["timings"])
         # a request that opts out of speculation
-        no_counters(post(s, "/completion", native(p, **{"speculative.n_max": 0}))["timings"])
-        no_counters(post(s, "/v1/chat/completions", chat(p, **{"speculative.n_max": 0}))["timings"])
+        no_counters(post_ok(s, "/completion", native(p, **{"speculative.n_max": 0}))["timings"])
+        no_counters(post_ok(s, "/v1/chat/completions", chat(p, **{"speculative.n_max": 0}))["timings"])
         # token probabilities are produced by plain steps only
-        no_counters(post(s, "/completion", native(p, n_probs=2))["timings"])
+        no_counters(post_ok(s, "/completion", native(p, n_probs=2))["timings"])
 
 
 def test_per_request_block_cap(servers):
-    t = post(servers["lookup"], "/completion", native(PROMPTS[0], **{"speculative.n_max": 2}))["timings"]
+    t = post_ok(servers["lookup"], "/completion", native(PROMPTS[0], **{"speculative.n_max": 2}))["timings"]
     check_counters(t, "prompt-lookup", 2)
 
 
@@ -153,17 +144,17 @@ def test_temperature_zero_output_equals_the_plain_server_on_every_route(servers,
     plain, spec = servers["plain"], servers[kind]
     for p in PROMPTS:
         for path, body in (("/completion", native(p)), ("/v1/completions", oai(p))):
-            a, b = post(plain, path, body), post(spec, path, body)
+            a, b = post_ok(plain, path, body), post_ok(spec, path, body)
             key = "content" if path == "/completion" else "choices"
             assert a[key] == b[key] if key == "content" else a[key][0]["text"] == b[key][0]["text"], (path, p)
-        a = post(plain, "/v1/chat/completions", chat(p))["choices"][0]["message"]["content"]
-        b = post(spec, "/v1/chat/completions", chat(p))["choices"][0]["message"]["content"]
+        a = post_ok(plain, "/v1/chat/completions", chat(p))["choices"][0]["message"]["content"]
+        b = post_ok(spec, "/v1/chat/completions", chat(p))["choices"][0]["message"]["content"]
         assert a == b
         a = "".join(e["content"] for e in stream(plain, "/completion", native(p, return_tokens=True)))
         b = "".join(e["content"] for e in stream(spec, "/completion", native(p, return_tokens=True)))
         assert a == b
-        toks_a = post(plain, "/completion", native(p, return_tokens=True))["tokens"]
-        toks_b = post(spec, "/completion", native(p, return_tokens=True))["tokens"]
+        toks_a = post_ok(plain, "/completion", native(p, return_tokens=True))["tokens"]
+        toks_b = post_ok(spec, "/completion", native(p, return_tokens=True))["tokens"]
         assert toks_a == toks_b and len(toks_a) == N
 
 
@@ -172,8 +163,8 @@ def test_sampled_output_equals_the_plain_server_under_the_same_seed(servers, kin
     # sampler-match emits the target's own position-keyed draw: the same tokens as plain decoding
     fields = dict(temperature=1.0, seed=11, top_k=0, top_p=1.0, min_p=0.0, return_tokens=True)
     for p in PROMPTS[:2]:
-        a = post(servers["plain"], "/completion", native(p, **fields))
-        b = post(servers[kind], "/completion", native(p, **fields))
+        a = post_ok(servers["plain"], "/completion", native(p, **fields))
+        b = post_ok(servers[kind], "/completion", native(p, **fields))
         assert a["tokens"] == b["tokens"]
         # a sampled random model rarely repeats itself, so lookup may find nothing to verify
         assert kind == "lookup" or "draft_rounds" in b["timings"]
@@ -182,14 +173,14 @@ def test_sampled_output_equals_the_plain_server_under_the_same_seed(servers, kin
 def test_stop_inside_a_verified_block_and_prompt_reuse_afterwards(servers):
     plain, spec = servers["plain"], servers["lookup"]
     p = PROMPTS[2]
-    full = post(plain, "/completion", native(p))["content"]
+    full = post_ok(plain, "/completion", native(p))["content"]
     stop = full.strip()[3:6] or full[:2]
-    a = post(plain, "/completion", native(p, stop=[stop], id_slot=1))
-    b = post(spec, "/completion", native(p, stop=[stop], id_slot=1))
+    a = post_ok(plain, "/completion", native(p, stop=[stop], id_slot=1))
+    b = post_ok(spec, "/completion", native(p, stop=[stop], id_slot=1))
     assert (a["content"], a["stop_type"]) == (b["content"], b["stop_type"])
     # the slot's cache was trimmed back to what was kept: reusing it gives the same output again
-    b2 = post(spec, "/completion", native(p + " x", id_slot=1))
-    a2 = post(plain, "/completion", native(p + " x", id_slot=1))
+    b2 = post_ok(spec, "/completion", native(p + " x", id_slot=1))
+    a2 = post_ok(plain, "/completion", native(p + " x", id_slot=1))
     assert b2["timings"]["cache_n"] > 0 and a2["content"] == b2["content"]
 
 
@@ -198,7 +189,7 @@ def test_stop_inside_a_verified_block_and_prompt_reuse_afterwards(servers):
 
 def test_a_speculating_row_beside_plain_rows_leaves_them_unchanged(servers):
     plain, spec = servers["plain"], servers["lookup"]
-    alone = [post(plain, "/completion", native(p, return_tokens=True))["tokens"] for p in PROMPTS]
+    alone = [post_ok(plain, "/completion", native(p, return_tokens=True))["tokens"] for p in PROMPTS]
 
     async def run():
         async with httpx.AsyncClient() as client:
@@ -231,7 +222,7 @@ def metric_values(text: str) -> dict[str, float]:
 def test_metrics_expose_the_speculative_counters(servers):
     s = servers["lookup"]
     before = metric_values(httpx.get(s.url + "/metrics").text)
-    t = post(s, "/completion", native(PROMPTS[3]))["timings"]
+    t = post_ok(s, "/completion", native(PROMPTS[3]))["timings"]
     after = metric_values(httpx.get(s.url + "/metrics").text)
 
     def delta(name):

@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import httpx
 import pytest
+from functools import partial
 
-from server_process import ServerProcess
+from server_process import ServerProcess, running
 
 
 @pytest.fixture(scope="module")
 def servers(tiny_llama_dir):
     common = ("-m", str(tiny_llama_dir), "-np", "2")
-    procs = {}
-    try:
-        procs["plain"] = ServerProcess(*common)
-        procs["lookup"] = ServerProcess(*common, "--spec-type", "ngram-simple")
+    with running(plain=partial(ServerProcess, *common),
+                 lookup=partial(ServerProcess, *common, "--spec-type", "ngram-simple")) as procs:
         yield procs
-    finally:
-        for p in procs.values():
-            p.stop()
 
 
 @pytest.mark.parametrize("name,speculative,types", [("plain", False, "none"), ("lookup", True, "none,ngram-simple")])
