@@ -19,6 +19,7 @@ import logging
 import mlx.core as mx
 import pytest
 import tiny_drafters
+from target_only import target_only_tokens
 
 from mlxcel.drafters.dflash import DFlashDrafter
 from mlxcel.drafters.dspark import DSparkDrafter
@@ -27,7 +28,6 @@ from mlxcel.drafters.muse_glimmer import DECLARED_DEPTH, MuseGlimmerDrafter
 from mlxcel.engine import exactness_probe
 from mlxcel.engine.acceptance import ARGMAX_AGAINST_ARGMAX, GREEDY_ARGMAX, STOCHASTIC
 from mlxcel.engine.dflash_checkpoint import load_dflash_checkpoint
-from mlxcel.engine.decode import generate_tokens
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.kv_cache import cache_length
 from mlxcel.engine.loading import load_model
@@ -69,9 +69,7 @@ def target_for(kind, qwen3, muse):
 
 
 def plain(lm, prompt, n, params=GREEDY):
-    chain = SamplerChain(params, vocab_size=lm.vocab_size, eos_token_ids=lm.eos_token_ids)
-    return [s.token for s in generate_tokens(lm.model, prompt, chain, cache=lm.make_cache(), max_tokens=n,
-                                             seed=params.seed or 0)]
+    return target_only_tokens(lm, prompt, params, n)
 
 
 def speculate(lm, drafter, prompt, n, params=GREEDY, k=4, **kw):

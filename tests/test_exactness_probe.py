@@ -17,13 +17,12 @@ import logging
 import mlx.core as mx
 import pytest
 import tiny_drafters
+from target_only import target_only_tokens
 
 from mlxcel.drafters.kinds import load_model_drafter
 from mlxcel.engine import exactness_probe
-from mlxcel.engine.decode import generate_tokens
 from mlxcel.engine.errors import MlxcelError
 from mlxcel.engine.loading import load_model
-from mlxcel.engine.sampler_chain import SamplerChain
 from mlxcel.engine.sampling_params import SamplerParams
 from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
 
@@ -134,8 +133,7 @@ def pair(tmp_path_factory):
 
 
 def plain(lm, prompt, n):
-    chain = SamplerChain(GREEDY, vocab_size=lm.vocab_size)
-    return [s.token for s in generate_tokens(lm.model, prompt, chain, cache=lm.make_cache(), max_tokens=n)]
+    return target_only_tokens(lm, prompt, GREEDY, n)
 
 
 def test_a_failing_probe_falls_back_to_chain_decoding_and_says_so_once(pair, caplog, monkeypatch):

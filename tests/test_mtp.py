@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import tiny_mtp
 from spec_fixtures import CHI2_CRITICAL, DIST_SAMPLES
+from target_only import target_only_tokens
 
 from mlxcel.drafters.mtp import MtpDrafter
 from mlxcel.drafters.mtp_head import MtpHead
 from mlxcel.engine.acceptance import ARGMAX_AGAINST_ARGMAX, GREEDY_ARGMAX, STOCHASTIC, select_rule
-from mlxcel.engine.decode import generate_tokens
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.kv_cache import cache_length
 from mlxcel.engine.loading import load_model
@@ -104,12 +104,6 @@ def glm(glm_dir):
 
 def prompt_of(model) -> list[int]:
     return list(model.tokenizer.encode(PROMPT_TEXT))
-
-
-def plain_tokens(model, prompt, params, n) -> list[int]:
-    chain = SamplerChain(params, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids)
-    return [s.token for s in generate_tokens(model.model, prompt, chain, cache=model.make_cache(),
-                                             max_tokens=n, seed=params.seed)]
 
 
 def spec_tokens(model, drafter, prompt, params, n, k=4, stochastic=None):
@@ -262,7 +256,7 @@ def test_temperature_zero_is_greedy_target_decoding(monkeypatch, probe, variant,
         "glm-moe": (load_model(moe_dir), lambda: MtpDrafter.load(moe_dir)),
     }[variant]
     prompt = prompt_of(target)
-    want = plain_tokens(target, prompt, GREEDY, 40)
+    want = target_only_tokens(target, prompt, GREEDY, 40)
     got, counters = spec_tokens(target, drafter(), prompt, GREEDY, 40)
     assert counters.rule == GREEDY_ARGMAX
     assert got == want
@@ -293,7 +287,7 @@ def test_a_retracted_proposal_changes_nothing(monkeypatch, glm_echo, glm_echo_di
         r = verify_round(target.model, cache, chain, drafter, sequence, rule=GREEDY_ARGMAX, k=3, seed=0)
         sequence.extend(r.emitted)
         assert drafter.context_length == cache_length(cache)
-    assert sequence[len(prompt):] == plain_tokens(target, prompt, GREEDY, len(sequence) - len(prompt))
+    assert sequence[len(prompt):] == target_only_tokens(target, prompt, GREEDY, len(sequence) - len(prompt))
 
 
 def fresh_head_cache(target, drafter, sequence):

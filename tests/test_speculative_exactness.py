@@ -17,11 +17,12 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from target_only import target_only_tokens
 
 from mlxcel.drafters.draft_model import DraftModelDrafter
 from mlxcel.drafters.prompt_lookup import PromptLookupDrafter
 from mlxcel.engine.acceptance import GREEDY_ARGMAX, SAMPLER_MATCH, select_rule
-from mlxcel.engine.decode import generate_tokens, prefill
+from mlxcel.engine.decode import prefill
 from mlxcel.engine.kv_cache import cache_length
 from mlxcel.engine.loading import load_model
 from mlxcel.engine.sampler_chain import SamplerChain
@@ -74,12 +75,6 @@ def prompt_of(model) -> list[int]:
     return list(model.tokenizer.encode(PROMPT_TEXT))
 
 
-def plain_tokens(model, prompt, params, n) -> list[int]:
-    chain = SamplerChain(params, vocab_size=model.vocab_size, eos_token_ids=model.eos_token_ids)
-    return [s.token for s in generate_tokens(model.model, prompt, chain, cache=model.make_cache(),
-                                             max_tokens=n, seed=params.seed)]
-
-
 def spec_tokens(model, drafter, prompt, params, n, k=4) -> tuple[list[int], SpeculativeCounters]:
     counters = SpeculativeCounters("")
     out = [t for step in speculative_generate(model, drafter, prompt, params, max_tokens=n,
@@ -97,7 +92,7 @@ def test_temperature_zero_stream_is_byte_identical_to_greedy_target_only(target,
     prompt = prompt_of(target)
     drafter = {"twin": lambda: DraftModelDrafter(twin), "noisy": lambda: DraftModelDrafter(noisy),
                "prompt-lookup": lambda: PromptLookupDrafter(1, 3)}[which]()
-    want = plain_tokens(target, prompt, GREEDY, 48)
+    want = target_only_tokens(target, prompt, GREEDY, 48)
     got, counters = spec_tokens(target, drafter, prompt, GREEDY, 48)
     assert counters.rule == GREEDY_ARGMAX
     assert got == want
@@ -208,6 +203,6 @@ def test_sampler_match_emits_the_plain_tokens_for_the_same_seed(target, noisy, t
         drafter = DraftModelDrafter(noisy) if which == "draft-model" else PromptLookupDrafter(1, 3)
         got, counters = spec_tokens(target, drafter, prompt, params, 40)
         assert counters.rule == SAMPLER_MATCH
-        assert got == plain_tokens(target, prompt, params, 40), f"seed {seed}"
+        assert got == target_only_tokens(target, prompt, params, 40), f"seed {seed}"
         if which == "draft-model":
             assert counters.rounds > 0
