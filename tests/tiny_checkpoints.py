@@ -68,9 +68,9 @@ def build_tokenizer(out: Path, vocab_size: int = 384) -> int:
     return tok.get_vocab_size()
 
 
-def tiny_config(arch: str, vocab_size: int, *, layers: int = 2, hidden: int = 64, seed_tag: str = "") -> dict:
-    eos = 2  # "<|im_end|>"
-    base = {
+def base_config(vocab_size: int, *, layers: int = 2, hidden: int = 64) -> dict:
+    """The config keys every tiny decoder shares, whatever its family."""
+    return {
         "vocab_size": vocab_size,
         "hidden_size": hidden,
         "intermediate_size": hidden * 2,
@@ -80,11 +80,14 @@ def tiny_config(arch: str, vocab_size: int, *, layers: int = 2, hidden: int = 64
         "rms_norm_eps": 1e-5,
         "max_position_embeddings": 2048,
         "rope_theta": 10000.0,
-        "tie_word_embeddings": False,
-        "eos_token_id": eos,
+        "eos_token_id": 2,  # "<|im_end|>"
         "bos_token_id": None,
         "torch_dtype": "float32",
     }
+
+
+def tiny_config(arch: str, vocab_size: int, *, layers: int = 2, hidden: int = 64, seed_tag: str = "") -> dict:
+    base = {**base_config(vocab_size, layers=layers, hidden=hidden), "tie_word_embeddings": False}
     if arch == "llama":
         base.update(model_type="llama", architectures=["LlamaForCausalLM"], attention_bias=False, mlp_bias=False)
     elif arch == "qwen2":
@@ -94,28 +97,34 @@ def tiny_config(arch: str, vocab_size: int, *, layers: int = 2, hidden: int = 64
     return base
 
 
+def random_params(config: dict, seed: int, head_scale: float = 1.0) -> dict[str, mx.array]:
+    """float32 parameters of mlx-lm's model for ``config``, seeded: its own initialisation, with
+    the embeddings and output head redrawn from N(0, 1) and N(0, (0.5 * head_scale)^2) so a random
+    model's logits are peaked enough to be interesting."""
+    from mlx_lm.utils import _get_classes
+
+    model_cls, args_cls = _get_classes(config)
+    mx.random.seed(seed)
+    model = model_cls(args_cls.from_dict(config))
+    params = {k: v.astype(mx.float32) for k, v in tree_flatten(model.parameters())}
+    for name in params:
+        if name.endswith("embed_tokens.weight"):
+            params[name] = mx.random.normal(params[name].shape)
+        elif name.endswith("lm_head.weight"):
+            params[name] = mx.random.normal(params[name].shape) * (0.5 * head_scale)
+    return params
+
+
 def build_hf_checkpoint(out: Path, arch: str = "llama", *, seed: int = 0, layers: int = 2, hidden: int = 64,
                         logit_scale: float = 1.0) -> Path:
     """Write a tiny random ``arch`` checkpoint to ``out`` and return ``out``.
 
     ``logit_scale`` multiplies the output head so distributions are more or less peaked."""
-    from mlx_lm.utils import _get_classes
-
     vocab = build_tokenizer(out)
     config = tiny_config(arch, vocab, layers=layers, hidden=hidden)
-    model_cls, args_cls = _get_classes(config)
-    mx.random.seed(seed)
-    model = model_cls(args_cls.from_dict(config))
-    params = dict(tree_flatten(model.parameters()))
-    # Scale the projections so a random model's logits are peaked enough to be interesting.
-    for name in list(params):
-        if name.endswith("embed_tokens.weight"):
-            params[name] = mx.random.normal(params[name].shape) * 1.0
-        elif name == "lm_head.weight":
-            params[name] = mx.random.normal(params[name].shape) * (0.5 * logit_scale)
+    params = random_params(config, seed, head_scale=logit_scale)
     if config.get("tie_word_embeddings"):
         params.pop("lm_head.weight", None)
-    params = {k: v.astype(mx.float32) for k, v in params.items()}
     mx.save_safetensors(str(out / "model.safetensors"), params, metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))

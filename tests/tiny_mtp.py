@@ -27,45 +27,20 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
-from tiny_checkpoints import build_tokenizer
+from tiny_checkpoints import base_config, build_tokenizer, random_params
 
 HIDDEN = 64
 
 
 def _common(vocab: int, layers: int) -> dict:
-    return {
-        "vocab_size": vocab,
-        "hidden_size": HIDDEN,
-        "intermediate_size": HIDDEN * 2,
-        "num_hidden_layers": layers,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 2048,
-        "rope_theta": 10000.0,
-        "eos_token_id": 2,
-        "bos_token_id": None,
-        "torch_dtype": "float32",
-    }
+    return base_config(vocab, layers=layers, hidden=HIDDEN)
 
 
 def _params(config: dict, layers: int, seed: int, head_scale: float = 1.0) -> dict[str, mx.array]:
     """Parameters of an mlx-lm model of ``config``'s family with ``layers`` decoder layers."""
-    from mlx_lm.utils import _get_classes
-
     cfg = json.loads(json.dumps(config))
     (cfg.get("text_config") or cfg)["num_hidden_layers"] = layers
-    model_cls, args_cls = _get_classes(cfg)
-    mx.random.seed(seed)
-    model = model_cls(args_cls.from_dict(cfg))
-    params = {k: v.astype(mx.float32) for k, v in tree_flatten(model.parameters())}
-    for name in params:
-        if name.endswith("embed_tokens.weight"):
-            params[name] = mx.random.normal(params[name].shape)
-        elif name.endswith("lm_head.weight"):
-            params[name] = mx.random.normal(params[name].shape) * (0.5 * head_scale)
-    return params
+    return random_params(cfg, seed, head_scale)
 
 
 def _fusion(seed: int, echo: bool, zero_centred: bool = False) -> dict[str, mx.array]:
