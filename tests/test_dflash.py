@@ -34,6 +34,8 @@ from mlxcel.engine.loading import load_model
 from mlxcel.engine.sampler_chain import SamplerChain
 from mlxcel.engine.sampling_params import SamplerParams
 from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
+from mlxcel.engine.target_features import prefill_with_features
+from mlxcel.engine.verify import verify_round
 
 GREEDY = SamplerParams(temperature=0.0, ignore_eos=True)
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick"
@@ -77,6 +79,20 @@ def speculate(lm, drafter, prompt, n, params=GREEDY, k=4, **kw):
     out = [t for step in speculative_generate(lm, drafter, prompt, params, max_tokens=n, num_draft_tokens=k,
                                               counters=counters, **kw) for t in step.tokens]
     return out, counters
+
+
+def before_the_first_round(lm, drafter, prompt):
+    """What the round loop does before its first round, by hand: bind the drafter, prefill the target
+    with features, pick the first token greedily and hand the drafter its context. Returns the
+    target cache, the greedy chain and the sequence for ``verify_round``."""
+    drafter.bind(lm.model)
+    cache = lm.make_cache()
+    features = prefill_with_features(lm.model, prompt, cache, drafter.feature_layers)
+    chain = SamplerChain(GREEDY, vocab_size=lm.vocab_size)
+    sequence = prompt + [chain.select(features.logits, prompt)[0]]
+    drafter.start(sequence, GREEDY, 0)
+    drafter.observe_target(features)
+    return cache, chain, sequence
 
 
 def scripted(cls, reference: list[int], wrong_every: int = 0, wrong=None):
@@ -168,9 +184,6 @@ def test_temperature_zero_is_greedy_target_decoding(kind, probe, drafter_dirs, q
 def test_every_round_keeps_drafter_context_and_target_cache_in_step(drafter_dirs, qwen3, monkeypatch):
     """The bookkeeping, round by round: the target cache holds sequence[:-1] and the drafter has
     been handed exactly those tokens' features (all-reject, partial and full acceptance)."""
-    from mlxcel.engine.target_features import prefill_with_features
-    from mlxcel.engine.verify import verify_round
-
     monkeypatch.setenv(exactness_probe.PROBE_ENV, "pass")
     lm = qwen3
     prompt = list(lm.tokenizer.encode(PROMPT))
@@ -178,13 +191,7 @@ def test_every_round_keeps_drafter_context_and_target_cache_in_step(drafter_dirs
     real = load_model_drafter(drafter_dirs["dflash"], target_vocab_size=lm.vocab_size)
     drafter = scripted(DFlashDrafter, reference, wrong=lambda p: p % 13 in (0, 1, 5))(
         real.network, real.spec, target_vocab_size=lm.vocab_size)
-    drafter.bind(lm.model)
-    cache = lm.make_cache()
-    features = prefill_with_features(lm.model, prompt, cache, drafter.feature_layers)
-    chain = SamplerChain(GREEDY, vocab_size=lm.vocab_size)
-    sequence = prompt + [chain.select(features.logits, prompt)[0]]
-    drafter.start(sequence, GREEDY, 0)
-    drafter.observe_target(features)
+    cache, chain, sequence = before_the_first_round(lm, drafter, prompt)
     seen = set()
     while len(sequence) < len(reference) - 8:
         r = verify_round(lm.model, cache, chain, drafter, sequence, rule=GREEDY_ARGMAX, k=5, seed=0)
@@ -219,8 +226,6 @@ def test_dflash_drafts_come_with_the_distribution_they_were_drawn_from(drafter_d
     params = SamplerParams(temperature=0.9, top_k=20, top_p=1.0, min_p=0.0, seed=3)
     drafter = load_model_drafter(drafter_dirs["dflash"], target_vocab_size=qwen3.vocab_size)
     drafter.bind(qwen3.model)
-    from mlxcel.engine.target_features import prefill_with_features
-
     prompt = list(qwen3.tokenizer.encode(PROMPT))
     features = prefill_with_features(qwen3.model, prompt, qwen3.make_cache(), drafter.feature_layers)
     sequence = prompt + [5]
@@ -288,16 +293,7 @@ def test_muse_clears_both_widths_with_the_probe_before_the_first_block(drafter_d
     monkeypatch.setattr(exactness_probe, "probe", recording_probe)
     prompt = list(muse.tokenizer.encode(PROMPT))
     drafter = load_model_drafter(drafter_dirs["muse-glimmer"], target_vocab_size=muse.vocab_size)
-    drafter.bind(muse.model)
-    from mlxcel.engine.target_features import prefill_with_features
-    from mlxcel.engine.verify import verify_round
-
-    cache = muse.make_cache()
-    features = prefill_with_features(muse.model, prompt, cache, drafter.feature_layers)
-    chain = SamplerChain(GREEDY, vocab_size=muse.vocab_size)
-    sequence = prompt + [chain.select(features.logits, prompt)[0]]
-    drafter.start(sequence, GREEDY, 0)
-    drafter.observe_target(features)
+    cache, chain, sequence = before_the_first_round(muse, drafter, prompt)
     r = verify_round(muse.model, cache, chain, drafter, sequence, rule=GREEDY_ARGMAX, k=7, seed=0)
     assert r.proposed == DECLARED_DEPTH - 1 and not r.chain_verified
     assert sorted(asked) == [DECLARED_DEPTH, 8]  # both widths before the first (4-row) block
