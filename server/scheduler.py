@@ -301,10 +301,9 @@ class Scheduler:
             self.metrics.record_round(spec.stats.kind, result.proposed, accepted)
         except Exception as exc:
             log.exception("verify round failed in slot %d", slot.id)
-            run.task.sink(Failed(_as_api_error(exc)))
-            run.done, run.task_failed = True, True
+            run.fail(_as_api_error(exc))
         if run.done:
-            self._release(slot, send=not getattr(run, "task_failed", False))
+            self._release(slot, send=not run.task_failed)
 
     def _decode_batch(self) -> None:
         if not len(self._batch):
@@ -335,12 +334,11 @@ class Scheduler:
                 run.accept(run.sample(logits[j]), now)
             except Exception as exc:
                 log.exception("sampling failed in slot %d", row)
-                run.task.sink(Failed(_as_api_error(exc)))
-                run.done, run.task_failed = True, True
+                run.fail(_as_api_error(exc))
             if run.done:
                 finished.append(row)
         for row in finished:
-            self._release(self.slots[row], send=not getattr(self.slots[row].run, "task_failed", False))
+            self._release(self.slots[row], send=not self.slots[row].run.task_failed)
 
     def _release(self, slot: Slot, send: bool = True) -> None:
         """End the slot's run: take its row out of the batch (keeping its cache for prompt reuse),

@@ -17,8 +17,9 @@ import mlx.core as mx
 
 from ..engine.sampler_chain import SamplerChain
 from .detokenizer import IncrementalDetokenizer
+from .errors import ApiError
 from .stop_strings import find_stop, partial_stop_length
-from .task import Final, Partial, Progress, Result, Task, TokenProb
+from .task import Failed, Final, Partial, Progress, Result, Task, TokenProb
 from .timings import Timings
 
 # How similar (common prefix / prompt length) a slot's cached tokens must be for the slot to be
@@ -181,6 +182,12 @@ class SlotRun:
                                timings=self.timings() if self.opts.timings_per_token else None))
         self.pending_tokens = []
         self.pending_probs = []
+
+    def fail(self, error: ApiError) -> None:
+        """End the request with ``error`` (its stream gets an error event); the slot keeps its
+        cache, as after any other end, and no final result is sent."""
+        self.task.sink(Failed(error))
+        self.done, self.task_failed = True, True
 
     # -- results --------------------------------------------------------------------------------
 
