@@ -81,6 +81,13 @@ class ServerProcess:
         self._log.close()
 
 
+def run_server_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """``python -m mlxcel.server.serve_command ARGS`` run to its exit, output captured as text (for
+    command lines that must be refused, or that print and exit)."""
+    return subprocess.run([sys.executable, "-m", "mlxcel.server.serve_command", *args], cwd=REPO, env=server_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
 @dataclass
 class Capture:
     name: str

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import httpx
 import pytest
@@ -14,7 +12,7 @@ import pytest
 from mlxcel.server import compat_record
 from mlxcel.server.args import ArgumentError, parse_args
 from mlxcel.server.flag_table import FLAGS
-from server_process import CAPTURES, REPO, ServerProcess, capture_names, load_capture, server_env
+from server_process import CAPTURES, REPO, ServerProcess, capture_names, load_capture, run_server_command
 
 RECORD = compat_record.record_dir(REPO)
 
@@ -64,7 +62,10 @@ def _sample(flag) -> list[str]:
 @pytest.mark.parametrize("flag", FLAGS, ids=lambda f: f.names[-1])
 def test_flag_parses_as_recorded(flag):
     if flag.names[0] == "-h" or flag.names == ("--version",):
-        assert parse_args([flag.names[0]]).help or parse_args([flag.names[0]]).version
+        asked = "help" if flag.names[0] == "-h" else "version"
+        for name in flag.names:
+            config = parse_args([name])
+            assert (config.help, config.version) == (asked == "help", asked == "version"), name
         return
     for name in flag.names:
         argv = [name, *_sample(flag)]
@@ -117,11 +118,6 @@ def test_routes_agree_with_app():
         assert (cap.method, path) in recorded_paths, (name, cap.method, path)
 
 
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlxcel.server.serve_command", *args], cwd=REPO, env=server_env(),
-                          capture_output=True, text=True, timeout=timeout)
-
-
 @pytest.mark.parametrize("argv, needle", [
     (["--lora", "a.gguf"], "--lora is not supported"),
     (["--bogus-flag"], "unrecognized arguments"),
@@ -131,17 +127,17 @@ def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 ])
 def test_bad_command_line_is_one_clear_message(argv, needle, tiny_llama_dir):
     if needle is None:
-        proc = run_cli("-m", str(tiny_llama_dir), "--port", "0", *argv)
+        proc = run_server_command("-m", str(tiny_llama_dir), "--port", "0", *argv)
         assert proc.returncode == 1 and "unknown chat template" in proc.stderr
     else:
-        proc = run_cli(*argv)
+        proc = run_server_command(*argv)
         assert proc.returncode == 2
         assert proc.stderr.strip().startswith("error:") and needle in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
 def test_missing_model_is_one_clear_message(tmp_path):
-    proc = run_cli("-m", str(tmp_path / "nope.gguf"), "--port", "0")
+    proc = run_server_command("-m", str(tmp_path / "nope.gguf"), "--port", "0")
     assert proc.returncode == 1 and "error: model not found" in proc.stderr
     assert "Traceback" not in proc.stderr
 

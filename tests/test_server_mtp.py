@@ -11,7 +11,7 @@ from functools import partial
 import httpx
 import pytest
 import tiny_mtp
-from server_process import ServerProcess, post_ok, running, sse_events
+from server_process import ServerProcess, post_ok, run_server_command, running, sse_events
 
 PROMPTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox", "Hello, world! How are you"]
 N = 24
@@ -94,17 +94,11 @@ def test_a_sampled_request_is_served(servers):
 def test_targets_the_mtp_kind_cannot_serve_are_refused_at_startup(tiny_llama_dir, target_dir, checkpoints_root):
     """No MTP layers in the target; a hybrid target whose recurrent state cannot be rewound; a
     -md that is not an MTP assistant: one error line each, no traceback, a failed exit."""
-    import subprocess
-    import sys
-
-    from server_process import REPO, server_env
-
     qwen35 = tiny_mtp.build_qwen35_target(checkpoints_root / "tiny-qwen35-mtp")
     for args, needle in (((("-m", str(tiny_llama_dir), "--draft-kind", "mtp")), "has no MTP layers"),
                          (("-m", str(qwen35), "--spec-type", "draft-mtp"), "cannot be rewound"),
                          (("-m", str(target_dir), "--spec-type", "draft-mtp", "-md", str(tiny_llama_dir)),
                           "not a NextN MTP assistant")):
-        r = subprocess.run([sys.executable, "-m", "mlxcel.server.serve_command", *args, "--port", "0"], cwd=REPO,
-                           env=server_env(), capture_output=True, text=True, timeout=120)
+        r = run_server_command(*args, "--port", "0")
         assert r.returncode != 0, (args, r.stderr)
         assert needle in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
 from functools import partial
 
 import httpx
 import pytest
 
 import tiny_checkpoints
-from server_process import REPO, ServerProcess, post_ok, running, server_env, sse_events
+from server_process import ServerProcess, post_ok, run_server_command, running, sse_events
 
 BASE_KEYS = ["cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
              "predicted_ms", "predicted_per_token_ms", "predicted_per_second"]
@@ -242,11 +240,6 @@ def test_metrics_expose_the_speculative_counters(servers):
 # -- command line ---------------------------------------------------------------------------------
 
 
-def serve(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "mlxcel.server.serve_command", *args], cwd=REPO, env=server_env(),
-                          capture_output=True, text=True, timeout=120)
-
-
 def test_impossible_speculative_command_lines_are_refused(tmp_path):
     dflash = tmp_path / "dflash"
     dflash.mkdir()
@@ -259,6 +252,6 @@ def test_impossible_speculative_command_lines_are_refused(tmp_path):
                          (("--spec-type", "draft-simple"), "needs a draft model"),
                          (("--spec-type", "ngram-simple,draft-simple", "-md", "x.gguf"), "one drafter per server"),
                          (("--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "0"), "at least 1")):
-        r = serve(*args)
+        r = run_server_command(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.startswith("error: ") and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
