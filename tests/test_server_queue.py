@@ -13,9 +13,7 @@ from server_process import ServerProcess
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLXCEL_MAX_QUEUE", "1")
-        proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "1")
+    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "1", env={"MLXCEL_MAX_QUEUE": "1"})
     yield proc
     proc.stop()
 
