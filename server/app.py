@@ -591,8 +591,7 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
                     chunk = R.chat_chunk(model=model, id=cid, created=created, index=idx,
                                          delta={"role": "assistant", "content": None})
                     if progress is not None:
-                        chunk["prompt_progress"] = {"total": progress.total, "cache": progress.cache,
-                                                    "processed": progress.processed, "time_ms": progress.time_ms}
+                        chunk["prompt_progress"] = R.prompt_progress(progress)
                     return event(chunk)
 
                 try:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .task import GenerationOptions, Partial, Result, TokenProb
+from .task import GenerationOptions, Partial, Progress, Result, TokenProb
 from .timings import Timings
 from .token_text import TokenText
 
@@ -154,12 +154,16 @@ def native_partial(partial: Partial, index: int, n_prompt: int, opts: Generation
     return body
 
 
-def native_progress(index: int, n_prompt: int, progress) -> dict:
+def prompt_progress(progress: Progress) -> dict:
+    """The ``prompt_progress`` object of a native chunk and of a chat role chunk."""
+    return {"total": progress.total, "cache": progress.cache, "processed": progress.processed,
+            "time_ms": progress.time_ms}
+
+
+def native_progress(index: int, n_prompt: int, progress: Progress) -> dict:
     return {
         "index": index, "content": "", "tokens": [0], "stop": False, "id_slot": -1, "tokens_predicted": 0,
-        "tokens_evaluated": n_prompt,
-        "prompt_progress": {"total": progress.total, "cache": progress.cache, "processed": progress.processed,
-                            "time_ms": progress.time_ms},
+        "tokens_evaluated": n_prompt, "prompt_progress": prompt_progress(progress),
     }
 
 
