@@ -11,7 +11,7 @@ RUN := ./scripts/with-blas
 # each (spinning workers otherwise starve the engines; engine/device.py default_blas_threads).
 TEST_RUN := OPENBLAS_NUM_THREADS=1 $(RUN)
 
-.PHONY: setup setup-test serve test test-slow test-all fuzz bench bench-server lint clean
+.PHONY: setup setup-test serve test test-slow test-all fuzz bench clean
 
 setup:
 	./scripts/setup.sh
