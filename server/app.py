@@ -332,9 +332,14 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
         check_range(field_name, n, 1, len(state.scheduler.slots))
         return n
 
+    def most_at_once() -> int:
+        """Completions this server can hold at once (slots plus --max-queue); a request asking for
+        more could never be queued, so it is refused 400, not 503."""
+        return state.limits.max_queue + len(state.scheduler.slots)
+
     def open_tasks(prompts: list[list[int]], opts: GenerationOptions, n: int, t0: float) -> list[TaskHandle]:
-        most = state.limits.max_queue + len(state.scheduler.slots)
-        if len(prompts) * n > most:  # could never be queued at once: not worth a retry, so 400, not 503
+        most = most_at_once()
+        if len(prompts) * n > most:
             raise invalid(f"the request asks for {len(prompts) * n} completions; this server runs at most {most} "
                           "at once (slots plus --max-queue)")
         handles = []
@@ -475,7 +480,7 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
         if "prompt" not in body:
             raise invalid("key 'prompt' not found")
         parts = split_prompts(req.prompt)
-        most = state.limits.max_queue + len(state.scheduler.slots)
+        most = most_at_once()
         if len(parts) > most:
             raise invalid(f"the request has {len(parts)} prompts; this server runs at most {most} at once "
                           "(slots plus --max-queue)")
