@@ -404,8 +404,9 @@ def _add_routes(router: APIRouter, state: ServerState) -> None:  # noqa: C901 - 
 
     @router.post("/lora-adapters")
     async def set_lora_adapters(request: Request):
-        body = parse_body(await request.body()) if (await request.body()).strip() else {}
-        raise invalid("no LoRA adapters are loaded") if body else invalid("no LoRA adapters are loaded")
+        if (await request.body()).strip():
+            await _body(request)  # a malformed body is refused as on every other route
+        raise invalid("no LoRA adapters are loaded")
 
     for path, what, flag in (("/embedding", "embeddings", "--embeddings"), ("/embeddings", "embeddings", "--embeddings"),
                              ("/v1/embeddings", "embeddings", "--embeddings"), ("/rerank", "reranking", "--reranking"),
