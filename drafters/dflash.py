@@ -31,13 +31,12 @@ from mlxcel.engine.dflash_checkpoint import load_dflash_checkpoint
 from mlxcel.engine.dflash_network import DFlashNetwork, DFlashSpec
 from mlxcel.engine.draft_proposal import Proposal
 from mlxcel.engine.errors import ModelLoadError
-from mlxcel.engine.random_keys import position_key
-from mlxcel.engine.sampler_chain import SamplerChain, sample
+from mlxcel.engine.sampler_chain import SamplerChain
 from mlxcel.engine.sampling_params import SamplerParams
 from mlxcel.engine.target_features import TargetFeatures, embed, head_logits, inner_model
 
 from .base import ModelDrafter
-from .draft_model import DRAFT_STREAM
+from .draft_model import draw_draft
 
 
 class DFlashDrafter(ModelDrafter):
@@ -163,7 +162,4 @@ class DFlashDrafter(ModelDrafter):
     def _draw(self, row: mx.array, history: list[int], position: int) -> tuple[int, mx.array | None]:
         """One draft for ``position`` from a ``[1, V]`` row (history already includes the drafts
         before it): the argmax when greedy, else a draw from q, returned with it."""
-        if self.chain.greedy:
-            return int(self.chain.select(row, history)[0]), None
-        q = self.chain.distribution(row, history, (), self.seed, position)
-        return sample(q[0], position_key(self.seed, position, DRAFT_STREAM)), q
+        return draw_draft(self.chain, row, history, self.seed, position)

@@ -34,6 +34,17 @@ from .base import Drafter
 DRAFT_STREAM = 4
 
 
+def draw_draft(chain: SamplerChain, logits: mx.array, history: list[int], seed: int,
+               position: int) -> tuple[int, mx.array | None]:
+    """One draft for ``position`` from a ``[1, V]`` row (``history`` already includes the drafts
+    before it) through the request's sampler chain: the argmax when greedy, else a draw from q on
+    the drafter's own key stream, returned with q."""
+    if chain.greedy:
+        return int(chain.select(logits, history)[0]), None
+    q = chain.distribution(logits, history, (), seed, position)
+    return sample(q[0], position_key(seed, position, DRAFT_STREAM)), q
+
+
 class DraftModelDrafter(Drafter):
     kind = "draft-model"
     provides_distribution = True
@@ -111,7 +122,4 @@ class DraftModelDrafter(Drafter):
         """One draft for ``position``: argmax when greedy, else a draw from q (returned)."""
         if logits.shape[-1] > self.target_vocab_size:  # never propose ids the target lacks
             logits = logits[:, : self.target_vocab_size]
-        if self.chain.greedy:
-            return int(self.chain.select(logits, history)[0]), None
-        q = self.chain.distribution(logits, history, (), self.seed, position)
-        return sample(q[0], position_key(self.seed, position, DRAFT_STREAM)), q
+        return draw_draft(self.chain, logits, history, self.seed, position)

@@ -38,13 +38,12 @@ from mlxcel.engine.draft_proposal import Proposal
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.kv_cache import rewind
 from mlxcel.engine.mtp_checkpoint import MtpCheckpoint, load_mtp, reload_mtp
-from mlxcel.engine.random_keys import position_key
-from mlxcel.engine.sampler_chain import SamplerChain, sample
+from mlxcel.engine.sampler_chain import SamplerChain
 from mlxcel.engine.sampling_params import SamplerParams
 from mlxcel.engine.target_features import TargetFeatures
 
 from .base import ModelDrafter
-from .draft_model import DRAFT_STREAM
+from .draft_model import draw_draft
 from .mtp_head import MtpHead
 
 
@@ -163,5 +162,4 @@ class MtpDrafter(ModelDrafter):
             self.chain = SamplerChain(self.params, vocab_size=int(logits.shape[-1]))
         if self.chain.greedy:
             return int(logits.argmax(axis=-1).item()), None
-        q = self.chain.distribution(logits, history, (), self.seed, position)
-        return sample(q[0], position_key(self.seed, position, DRAFT_STREAM)), q
+        return draw_draft(self.chain, logits, history, self.seed, position)
