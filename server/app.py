@@ -72,13 +72,10 @@ def build_defaults(config: ServerConfig, loaded) -> ServerDefaults:
     import dataclasses
 
     from ..engine.sampling_params import SamplerParams
-    from .request_params import apply_sampler_order
+    from .request_params import SAMPLER_SCALARS, apply_sampler_order
 
     known = {f.name for f in dataclasses.fields(SamplerParams)}
-    params = {name: getattr(config, name) for name in (
-        "temperature", "top_k", "top_p", "min_p", "typical_p", "xtc_probability", "xtc_threshold", "repeat_last_n",
-        "repeat_penalty", "presence_penalty", "frequency_penalty", "dry_multiplier", "dry_base",
-        "dry_allowed_length", "dry_penalty_last_n", "ignore_eos") if name in known}
+    params = {name: getattr(config, name) for name in SAMPLER_SCALARS if name in known}
     if config.dry_sequence_breaker and "dry_sequence_breakers" in known:
         breakers = [] if config.dry_sequence_breaker == ["none"] else config.dry_sequence_breaker
         params["dry_sequence_breakers"] = tuple(breakers)

@@ -32,6 +32,12 @@ NO_GRAMMAR = ("grammar-constrained generation ({field}) is not supported by mlxc
               "remove the field, or constrain the output with a stop string or a prompt instead")
 
 
+# SamplerParams fields that both the command line (``build_defaults``) and a request set by name
+SAMPLER_SCALARS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "xtc_probability", "xtc_threshold",
+                   "repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty", "dry_multiplier",
+                   "dry_base", "dry_allowed_length", "dry_penalty_last_n", "ignore_eos")
+
+
 @dataclass
 class ServerDefaults:
     """What the command line sets for every request."""
@@ -190,9 +196,7 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
 
     known = _sampler_fields()
     params = {f: getattr(defaults.sampler, f) for f in known}
-    for name in ("temperature", "top_k", "top_p", "min_p", "typical_p", "xtc_probability", "xtc_threshold",
-                 "repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty", "dry_multiplier",
-                 "dry_base", "dry_allowed_length", "dry_penalty_last_n", "ignore_eos", "min_keep"):
+    for name in (*SAMPLER_SCALARS, "min_keep"):  # min_keep: a request field only
         value = getattr(req, name, None)
         if value is not None and name in known:
             params[name] = value
