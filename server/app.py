@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import PlainTextResponse, Response
 
 from . import model_info, responses as R
-from .args import ServerConfig, parse_logit_bias_flag
+from .args import ServerConfig
 from .chat_template import apply_template, normalize_messages, resolve_template
 from .auth import ApiKeys, invalid_key
 from .cors import Cors
@@ -32,7 +32,7 @@ from .errors import (ApiError, context_exceeded, context_exceeded_at_least, inva
 from .limits import BodyLimit, BodyRefused, Limits
 from .metrics import Metrics
 from .prompts import check_tokens, least_tokens, longest_piece, split_prompts, tokenize_prompt, tokenize_text
-from .request_params import DEFAULT_SAMPLERS, ServerDefaults, generation_options, parse_samplers
+from .request_params import ServerDefaults, build_defaults, generation_options
 from .schema import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, check_range, parse_body, validate
 from .scheduler import Scheduler, TaskHandle
 from .sse import DONE, JsonResponse, event, event_stream
@@ -65,32 +65,6 @@ class ServerState:
     def default_options(self) -> GenerationOptions:
         d = self.defaults
         return GenerationOptions(sampler=d.sampler, seed=d.seed, n_predict=d.n_predict, samplers=list(d.samplers))
-
-
-def build_defaults(config: ServerConfig, loaded) -> ServerDefaults:
-    """Per-request defaults from the command line (validated like a request would be)."""
-    import dataclasses
-
-    from ..engine.sampling_params import SamplerParams
-    from .request_params import SAMPLER_SCALARS, apply_sampler_order
-
-    known = {f.name for f in dataclasses.fields(SamplerParams)}
-    params = {name: getattr(config, name) for name in SAMPLER_SCALARS if name in known}
-    if config.dry_sequence_breaker and "dry_sequence_breakers" in known:
-        breakers = [] if config.dry_sequence_breaker == ["none"] else config.dry_sequence_breaker
-        params["dry_sequence_breakers"] = tuple(breakers)
-    bias = parse_logit_bias_flag(config.logit_bias)
-    if bias and "logit_bias" in known:
-        params["logit_bias"] = bias
-    samplers = list(DEFAULT_SAMPLERS)
-    spec = config.samplers.split(";") if config.samplers else config.sampler_seq
-    if spec:
-        samplers = parse_samplers(spec)
-        apply_sampler_order(params, samplers)
-    if "seed" in known:
-        params["seed"] = config.seed
-    return ServerDefaults(sampler=SamplerParams(**params), seed=config.seed, n_predict=config.n_predict,
-                          samplers=samplers, cache_prompt=config.cache_prompt, n_slots=config.n_slots)
 
 
 # -- middleware ---------------------------------------------------------------------------------
@@ -235,7 +209,7 @@ def create_app(config: ServerConfig, loader: Callable[[], Any] | None = None) ->
             state.template = resolve_template(loaded.chat_template, template_src)
             if config.chat_template_kwargs:
                 state.template_kwargs = json.loads(config.chat_template_kwargs)
-            state.defaults = build_defaults(config, loaded)
+            state.defaults = build_defaults(config)
             # as upstream: the alias, else the model argument as given (the file name for the default)
             state.model_name = config.alias.split(",")[0] if config.alias else (
                 config.model or config.hf_repo or loaded.path.name)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.sampling_params import SamplerParams
+from .args import ServerConfig, parse_logit_bias_flag
 from .errors import invalid
 from .limits import check_stops
 from .prompts import tokenize_text
@@ -32,7 +33,7 @@ NO_GRAMMAR = ("grammar-constrained generation ({field}) is not supported by mlxc
               "remove the field, or constrain the output with a stop string or a prompt instead")
 
 
-# SamplerParams fields that both the command line (``build_defaults``) and a request set by name
+# SamplerParams fields that both the command line (build_defaults) and a request set by name
 SAMPLER_SCALARS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "xtc_probability", "xtc_threshold",
                    "repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty", "dry_multiplier",
                    "dry_base", "dry_allowed_length", "dry_penalty_last_n", "ignore_eos")
@@ -100,6 +101,27 @@ def apply_sampler_order(params: dict, samplers: list[str]) -> None:
             params.update(neutral)
     if "temperature" not in present and params.get("temperature", 1.0) > 0:
         params["temperature"] = 1.0
+
+
+def build_defaults(config: ServerConfig) -> ServerDefaults:
+    """Per-request defaults from the command line (validated like a request would be)."""
+    known = _sampler_fields()
+    params = {name: getattr(config, name) for name in SAMPLER_SCALARS if name in known}
+    if config.dry_sequence_breaker and "dry_sequence_breakers" in known:
+        breakers = [] if config.dry_sequence_breaker == ["none"] else config.dry_sequence_breaker
+        params["dry_sequence_breakers"] = tuple(breakers)
+    bias = parse_logit_bias_flag(config.logit_bias)
+    if bias and "logit_bias" in known:
+        params["logit_bias"] = bias
+    samplers = list(DEFAULT_SAMPLERS)
+    spec = config.samplers.split(";") if config.samplers else config.sampler_seq
+    if spec:
+        samplers = parse_samplers(spec)
+        apply_sampler_order(params, samplers)
+    if "seed" in known:
+        params["seed"] = config.seed
+    return ServerDefaults(sampler=SamplerParams(**params), seed=config.seed, n_predict=config.n_predict,
+                          samplers=samplers, cache_prompt=config.cache_prompt, n_slots=config.n_slots)
 
 
 def parse_logit_bias(value: Any, tokenizer, vocab_size: int) -> dict[int, float]:
