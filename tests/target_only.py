@@ -1,10 +1,12 @@
-"""Target-only decoding: the reference token stream every speculative path is compared against."""
+"""Target-only decoding: the reference token stream every speculative path is compared against,
+and the speculative stream itself with its counters."""
 
 from __future__ import annotations
 
 from mlxcel.engine.decode import generate_tokens
 from mlxcel.engine.sampler_chain import SamplerChain
 from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
 
 
 def target_only_tokens(lm, prompt: list[int], params: SamplerParams, n: int) -> list[int]:
@@ -12,3 +14,13 @@ def target_only_tokens(lm, prompt: list[int], params: SamplerParams, n: int) -> 
     chain = SamplerChain(params, vocab_size=lm.vocab_size, eos_token_ids=lm.eos_token_ids)
     return [s.token for s in generate_tokens(lm.model, prompt, chain, cache=lm.make_cache(), max_tokens=n,
                                              seed=params.seed or 0)]
+
+
+def speculative_tokens(lm, drafter, prompt: list[int], params: SamplerParams, n: int, k: int = 4,
+                       **kw) -> tuple[list[int], SpeculativeCounters]:
+    """``n`` tokens after ``prompt`` from ``speculative_generate`` (``k`` drafts a round, ``kw`` passed
+    on), with the round counters it filled."""
+    counters = SpeculativeCounters("")
+    out = [t for step in speculative_generate(lm, drafter, prompt, params, max_tokens=n, num_draft_tokens=k,
+                                              counters=counters, **kw) for t in step.tokens]
+    return out, counters

@@ -19,7 +19,7 @@ import logging
 import mlx.core as mx
 import pytest
 import tiny_drafters
-from target_only import target_only_tokens
+from target_only import speculative_tokens, target_only_tokens
 
 from mlxcel.drafters.dflash import DFlashDrafter
 from mlxcel.drafters.dspark import DSparkDrafter
@@ -33,7 +33,6 @@ from mlxcel.engine.kv_cache import cache_length
 from mlxcel.engine.loading import load_model
 from mlxcel.engine.sampler_chain import SamplerChain
 from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
 from mlxcel.engine.target_features import prefill_with_features
 from mlxcel.engine.verify import verify_round
 
@@ -75,10 +74,7 @@ def plain(lm, prompt, n, params=GREEDY):
 
 
 def speculate(lm, drafter, prompt, n, params=GREEDY, k=4, **kw):
-    counters = SpeculativeCounters(rule="")
-    out = [t for step in speculative_generate(lm, drafter, prompt, params, max_tokens=n, num_draft_tokens=k,
-                                              counters=counters, **kw) for t in step.tokens]
-    return out, counters
+    return speculative_tokens(lm, drafter, prompt, params, n, k, **kw)
 
 
 def before_the_first_round(lm, drafter, prompt):

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tiny_mtp
 from spec_fixtures import CHI2_CRITICAL, DIST_SAMPLES
-from target_only import target_only_tokens
+from target_only import speculative_tokens, target_only_tokens
 
 from mlxcel.drafters.mtp import MtpDrafter
 from mlxcel.drafters.mtp_head import MtpHead
@@ -41,7 +41,6 @@ from mlxcel.engine.mtp_checkpoint import (
 )
 from mlxcel.engine.sampler_chain import SamplerChain
 from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
 from mlxcel.engine.target_features import forward_with_features, prefill_with_features
 from mlxcel.engine.verify import verify_round
 
@@ -104,13 +103,6 @@ def glm(glm_dir):
 
 def prompt_of(model) -> list[int]:
     return list(model.tokenizer.encode(PROMPT_TEXT))
-
-
-def spec_tokens(model, drafter, prompt, params, n, k=4, stochastic=None):
-    counters = SpeculativeCounters("")
-    out = [t for step in speculative_generate(model, drafter, prompt, params, max_tokens=n, num_draft_tokens=k,
-                                              counters=counters, stochastic=stochastic) for t in step.tokens]
-    return out, counters
 
 
 # -- loading ----------------------------------------------------------------------------------
@@ -257,7 +249,7 @@ def test_temperature_zero_is_greedy_target_decoding(monkeypatch, probe, variant,
     }[variant]
     prompt = prompt_of(target)
     want = target_only_tokens(target, prompt, GREEDY, 40)
-    got, counters = spec_tokens(target, drafter(), prompt, GREEDY, 40)
+    got, counters = speculative_tokens(target, drafter(), prompt, GREEDY, 40)
     assert counters.rule == GREEDY_ARGMAX
     assert got == want
     assert counters.rounds > 0
@@ -370,7 +362,7 @@ def mtp_stream(target, path, n: int, *, stochastic: bool, run_len: int = 300):
     counters_rule = None
     for i in range(max(1, -(-n // run_len))):
         params = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, ignore_eos=True, seed=100 + i)
-        tokens, counters = spec_tokens(target, MtpDrafter.load(path), prompt, params, min(run_len, n - i * run_len),
+        tokens, counters = speculative_tokens(target, MtpDrafter.load(path), prompt, params, min(run_len, n - i * run_len),
                                        k=3, stochastic=stochastic)
         runs.append(tokens)
         counters_rule = counters.rule

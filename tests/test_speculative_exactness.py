@@ -17,7 +17,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from target_only import target_only_tokens
+from target_only import speculative_tokens, target_only_tokens
 
 from mlxcel.drafters.draft_model import DraftModelDrafter
 from mlxcel.drafters.prompt_lookup import PromptLookupDrafter
@@ -27,7 +27,6 @@ from mlxcel.engine.kv_cache import cache_length
 from mlxcel.engine.loading import load_model
 from mlxcel.engine.sampler_chain import SamplerChain
 from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
 from mlxcel.engine.verify import verify_round
 
 BANNED = 7  # a token the target is never allowed to emit (logit_bias -inf)
@@ -75,13 +74,6 @@ def prompt_of(model) -> list[int]:
     return list(model.tokenizer.encode(PROMPT_TEXT))
 
 
-def spec_tokens(model, drafter, prompt, params, n, k=4) -> tuple[list[int], SpeculativeCounters]:
-    counters = SpeculativeCounters("")
-    out = [t for step in speculative_generate(model, drafter, prompt, params, max_tokens=n,
-                                              num_draft_tokens=k, counters=counters) for t in step.tokens]
-    return out, counters
-
-
 GREEDY = SamplerParams(temperature=0.0, ignore_eos=True, seed=0)
 
 
@@ -93,7 +85,7 @@ def test_temperature_zero_stream_is_byte_identical_to_greedy_target_only(target,
     drafter = {"twin": lambda: DraftModelDrafter(twin), "noisy": lambda: DraftModelDrafter(noisy),
                "prompt-lookup": lambda: PromptLookupDrafter(1, 3)}[which]()
     want = target_only_tokens(target, prompt, GREEDY, 48)
-    got, counters = spec_tokens(target, drafter, prompt, GREEDY, 48)
+    got, counters = speculative_tokens(target, drafter, prompt, GREEDY, 48)
     assert counters.rule == GREEDY_ARGMAX
     assert got == want
     text = target.tokenizer.decode(got)
@@ -201,7 +193,7 @@ def test_sampler_match_emits_the_plain_tokens_for_the_same_seed(target, noisy, t
     for seed in (1, 2, 3):
         params = SamplerParams(temperature=temperature, ignore_eos=True, seed=seed)
         drafter = DraftModelDrafter(noisy) if which == "draft-model" else PromptLookupDrafter(1, 3)
-        got, counters = spec_tokens(target, drafter, prompt, params, 40)
+        got, counters = speculative_tokens(target, drafter, prompt, params, 40)
         assert counters.rule == SAMPLER_MATCH
         assert got == target_only_tokens(target, prompt, params, 40), f"seed {seed}"
         if which == "draft-model":
