@@ -28,11 +28,11 @@ drafter borrows both from its target). Where each format keeps what:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
 
+from .config_file import read_config_json
 from .dflash_network import DFlashNetwork, DFlashSpec
 from .drafter_checkpoints import drafter_structure
 from .errors import ModelLoadError
@@ -136,13 +136,8 @@ def load_dflash_checkpoint(path: str | Path, *,
     """Read a DFlash-family drafter directory into a ready network (weights cast to ``dtype``;
     float32 on this project's CPU build, as targets are)."""
     path = Path(path).expanduser()
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ModelLoadError(f"{path}: a DFlash-family drafter is a directory with config.json and safetensors")
-    try:
-        config = json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{config_file}: not readable JSON ({exc})") from exc
+    config = read_config_json(
+        path, f"{path}: a DFlash-family drafter is a directory with config.json and safetensors")
     spec = read_spec(config, str(path))
     weights = _weights(path)
     if spec.markov_rank and spec.vocab_size is None:

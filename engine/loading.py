@@ -4,7 +4,6 @@ nothing for the built-in default) and load it."""
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import mlx.core as mx
 from mlx_lm.utils import dequantize_model, load as mlx_lm_load
 
 from . import device
+from .config_file import read_config_json
 from .drafter_checkpoints import drafter_structure
 from .errors import ModelLoadError
 from .loaded_model import LoadedModel
@@ -95,19 +95,9 @@ def load_model(
     return loaded
 
 
-def _read_config(path: Path) -> dict:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ModelLoadError(f"{path} has no config.json; not a model directory")
-    try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as exc:
-        raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from exc
-
-
 def load_mlx_dir(path: Path) -> LoadedModel:
     """An MLX or Hugging Face checkpoint directory (config.json + safetensors + tokenizer), via mlx-lm."""
-    config = _read_config(path)
+    config = read_config_json(path, f"{path} has no config.json; not a model directory")
     kind = drafter_structure(config)
     if kind is not None:
         raise ModelLoadError(

@@ -49,6 +49,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from .config_file import read_config_json
 from .errors import ModelLoadError
 
 QWEN3_NEXT = "qwen3-next"
@@ -93,16 +94,6 @@ class MtpCheckpoint:
 def text_config(config: dict) -> dict:
     """The language model's part of a config.json (multimodal configs nest it)."""
     return config.get("text_config") or config
-
-
-def _read_config(path: Path) -> dict:
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise ModelLoadError(f"{path} has no config.json")
-    try:
-        return json.loads(config_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from exc
 
 
 def _safetensors_files(path: Path, wanted) -> list[Path]:
@@ -261,7 +252,7 @@ def load_internal_mtp(target_path: str | Path) -> MtpCheckpoint:
     if not path.is_dir():
         raise ModelLoadError(f"{path}: MTP heads are read from a checkpoint directory (a GGUF target carries "
                              "no MTP layers mlxcel can read)")
-    config = _read_config(path)
+    config = read_config_json(path, f"{path} has no config.json")
     weights = read_weights(path, _is_mtp_key(config))
     layout = detect_layout(config, weights)
     if layout is None:
@@ -278,7 +269,7 @@ def is_assistant_checkpoint(config: dict) -> bool:
 def load_assistant_mtp(path: str | Path) -> MtpCheckpoint:
     """The MTP module(s) of a separate NextN assistant directory."""
     path = Path(path).expanduser()
-    config = _read_config(path)
+    config = read_config_json(path, f"{path} has no config.json")
     if not is_assistant_checkpoint(config):
         raise ModelLoadError(f"{path} is not an MTP assistant checkpoint (architectures "
                              f"{config.get('architectures')!r}; expected one ending in {NEXTN_ARCHITECTURE_SUFFIX})")
