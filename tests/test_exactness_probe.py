@@ -17,14 +17,13 @@ import logging
 import mlx.core as mx
 import pytest
 import tiny_drafters
-from target_only import target_only_tokens
+from target_only import speculative_tokens, target_only_tokens
 
 from mlxcel.drafters.kinds import load_model_drafter
 from mlxcel.engine import exactness_probe
 from mlxcel.engine.errors import MlxcelError
 from mlxcel.engine.loading import load_model
 from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
 
 GREEDY = SamplerParams(temperature=0.0, ignore_eos=True)
 
@@ -143,10 +142,8 @@ def test_a_failing_probe_falls_back_to_chain_decoding_and_says_so_once(pair, cap
     skewed.model = Wrapped(skewed.model, "skewed")
     prompt = list(lm.tokenizer.encode("The quick brown fox jumps over the lazy dog."))
     drafter = load_model_drafter(drafter_dir, target_vocab_size=lm.vocab_size)
-    counters = SpeculativeCounters(rule="")
     with caplog.at_level(logging.WARNING, logger="mlxcel.engine.exactness_probe"):
-        out = [t for s in speculative_generate(skewed, drafter, prompt, GREEDY, max_tokens=30, num_draft_tokens=5,
-                                               counters=counters) for t in s.tokens]
+        out, counters = speculative_tokens(skewed, drafter, prompt, GREEDY, 30, k=5)
     assert out == plain(lm, prompt, 30)
     assert counters.rounds > 0 and counters.chain_rounds == counters.rounds
     fallbacks = [r for r in caplog.records if "chain decoding" in r.getMessage()]
@@ -159,9 +156,7 @@ def test_end_to_end_with_the_real_verdict(pair, monkeypatch):
     lm, drafter_dir = pair
     prompt = list(lm.tokenizer.encode("Hello, world! How are you today?"))
     drafter = load_model_drafter(drafter_dir, target_vocab_size=lm.vocab_size)
-    counters = SpeculativeCounters(rule="")
-    out = [t for s in speculative_generate(lm, drafter, prompt, GREEDY, max_tokens=30, num_draft_tokens=5,
-                                           counters=counters) for t in s.tokens]
+    out, counters = speculative_tokens(lm, drafter, prompt, GREEDY, 30, k=5)
     assert out == plain(lm, prompt, 30)
     verdict = exactness_probe.block_verdict(lm.model, 6, vocab_size=lm.vocab_size)
     assert (counters.chain_rounds > 0) == (not verdict.exact)
