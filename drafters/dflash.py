@@ -36,7 +36,7 @@ from mlxcel.engine.sampling_params import SamplerParams
 from mlxcel.engine.target_features import TargetFeatures, embed, head_logits, inner_model
 
 from .base import ModelDrafter
-from .draft_model import draw_draft
+from .draft_model import DraftDraws, draw_draft
 
 
 class DFlashDrafter(ModelDrafter):
@@ -147,17 +147,10 @@ class DFlashDrafter(ModelDrafter):
 
     def _draw_rows(self, logits: mx.array, sequence: Sequence[int]) -> Proposal:
         """One draft per row: the argmax when greedy, else a draw from q (returned)."""
-        history = [int(t) for t in sequence]
-        position = len(history)
-        drafts: list[int] = []
-        rows: list[mx.array] = []
+        draws = DraftDraws(sequence)
         for i in range(logits.shape[0]):
-            token, q = self._draw(logits[i : i + 1], history, position + i)
-            drafts.append(token)
-            history.append(token)
-            if q is not None:
-                rows.append(q)
-        return Proposal(drafts, mx.concatenate(rows, axis=0) if rows else None)
+            draws.add(*self._draw(logits[i : i + 1], draws.history, draws.position))
+        return draws.proposal()
 
     def _draw(self, row: mx.array, history: list[int], position: int) -> tuple[int, mx.array | None]:
         """One draft for ``position`` from a ``[1, V]`` row (history already includes the drafts

@@ -45,6 +45,29 @@ def draw_draft(chain: SamplerChain, logits: mx.array, history: list[int], seed: 
     return sample(q[0], position_key(seed, position, DRAFT_STREAM)), q
 
 
+class DraftDraws:
+    """A proposal being drawn, draft by draft: ``history`` is the sequence plus the drafts so far
+    (what the next draw's sampler sees), ``position`` the next draft's absolute position."""
+
+    def __init__(self, sequence: Sequence[int]):
+        self.history = [int(t) for t in sequence]
+        self.tokens: list[int] = []
+        self._rows: list[mx.array] = []
+
+    @property
+    def position(self) -> int:
+        return len(self.history)
+
+    def add(self, token: int, q: mx.array | None) -> None:
+        self.tokens.append(token)
+        self.history.append(token)
+        if q is not None:
+            self._rows.append(q)
+
+    def proposal(self) -> Proposal:
+        return Proposal(self.tokens, mx.concatenate(self._rows, axis=0) if self._rows else None)
+
+
 class DraftModelDrafter(Drafter):
     kind = "draft-model"
     provides_distribution = True
@@ -80,19 +103,12 @@ class DraftModelDrafter(Drafter):
                                f"!= {len(sequence)} tokens in the sequence")
         logits = self._forward(feed)
         self.owed = []
-        history = [int(t) for t in sequence]
-        position = len(history)
-        drafts: list[int] = []
-        rows: list[mx.array] = []
+        draws = DraftDraws(sequence)
         for i in range(k):
             if i:
-                logits = self._forward([drafts[-1]])
-            token, q = self._draw(logits, history, position + i)
-            drafts.append(token)
-            history.append(token)
-            if q is not None:
-                rows.append(q)
-        return Proposal(drafts, mx.concatenate(rows, axis=0) if rows else None)
+                logits = self._forward([draws.tokens[-1]])
+            draws.add(*self._draw(logits, draws.history, draws.position))
+        return draws.proposal()
 
     def observe(self, sequence: Sequence[int], proposal: Proposal, accepted: int) -> None:
         # Keep the longest prefix the cache shares with the emitted sequence. A round emits its

@@ -23,6 +23,7 @@ import mlx.core as mx
 from mlxcel.engine.draft_proposal import Proposal
 
 from .dflash import DFlashDrafter
+from .draft_model import DraftDraws
 
 
 class DSparkDrafter(DFlashDrafter):
@@ -40,13 +41,8 @@ class DSparkDrafter(DFlashDrafter):
         block = [int(sequence[-1])] + [self.spec.mask_token_id] * (k - 1)
         base = self._rows_logits(self._block_hidden(block))  # [k, V]
         vocab = base.shape[-1]
-        history = [int(t) for t in sequence]
-        drafts: list[int] = []
-        previous = int(sequence[-1])
-        for i in range(k):
-            bias = self.network.markov_head(mx.array([previous]))[:, :vocab]
-            token, _ = self._draw(base[i : i + 1] + bias, history, len(sequence) + i)
-            drafts.append(token)
-            history.append(token)
-            previous = token
-        return Proposal(drafts)
+        draws = DraftDraws(sequence)
+        for i in range(k):  # the Markov head's bias follows the previous token (the pending one, then each draft)
+            bias = self.network.markov_head(mx.array([draws.history[-1]]))[:, :vocab]
+            draws.add(*self._draw(base[i : i + 1] + bias, draws.history, draws.position))
+        return draws.proposal()

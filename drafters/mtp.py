@@ -43,7 +43,7 @@ from mlxcel.engine.sampling_params import SamplerParams
 from mlxcel.engine.target_features import TargetFeatures
 
 from .base import ModelDrafter
-from .draft_model import draw_draft
+from .draft_model import DraftDraws, draw_draft
 from .mtp_head import MtpHead
 
 
@@ -141,19 +141,13 @@ class MtpDrafter(ModelDrafter):
                                              self.cache)
             if i + self.prefill_step < len(tokens):
                 mx.eval([c.state for c in self.cache])
-        history = [int(t) for t in sequence]
-        drafts: list[int] = []
-        rows: list[mx.array] = []
+        draws = DraftDraws(sequence)
         for i in range(k):
             if i:
-                logits, chained = self.head.step([drafts[-1]], chained[-1:], self.cache)
+                logits, chained = self.head.step([draws.tokens[-1]], chained[-1:], self.cache)
                 self.provisional += 1
-            token, q = self._draw(logits[-1:], history, length + i)
-            drafts.append(token)
-            history.append(token)
-            if q is not None:
-                rows.append(q)
-        return Proposal(drafts, mx.concatenate(rows, axis=0) if rows else None)
+            draws.add(*self._draw(logits[-1:], draws.history, draws.position))
+        return draws.proposal()
 
     def _draw(self, logits: mx.array, history: list[int], position: int) -> tuple[int, mx.array | None]:
         """argmax when the request is greedy, else a draw from q = the request's sampler over the
