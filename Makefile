@@ -5,10 +5,10 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 PYTEST_ARGS ?=
-# Preloads OpenBLAS on a Linux CPU (see engine/device.py).
+# Preloads OpenBLAS on a Linux CPU (see engine/platform/device.py).
 RUN := ./scripts/with-blas
 # Tests share the cores between the test process and the servers it starts: one OpenBLAS thread
-# each (spinning workers otherwise starve the engines; engine/device.py default_blas_threads).
+# each (spinning workers otherwise starve the engines; engine/platform/device.py default_blas_threads).
 TEST_RUN := OPENBLAS_NUM_THREADS=1 $(RUN)
 
 .PHONY: setup setup-test serve test test-slow test-all fuzz bench clean

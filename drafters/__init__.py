@@ -1,2 +1,3 @@
-"""Drafters: where speculative proposals come from (a small draft model, prompt lookup), behind one
-interface (`base.py`). Depends on the engine only."""
+"""Drafters: where speculative proposals come from, one sub-package or module per kind, each
+implementing ``engine.speculative.drafter``'s interface; ``registry`` declares every kind once.
+Depends on the engine only."""

@@ -21,14 +21,14 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
-from mlxcel.engine.draft_proposal import Proposal
-from mlxcel.engine.kv_cache import rewind
-from mlxcel.engine.loaded_model import LoadedModel
-from mlxcel.engine.random_keys import position_key
-from mlxcel.engine.sampler_chain import SamplerChain, sample
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.sampling.random_keys import position_key
+from mlxcel.engine.sampling.chain import SamplerChain, sample
+from mlxcel.engine.sampling.params import SamplerParams
 
-from .base import Drafter
+from mlxcel.engine.speculative.drafter import Drafter
 
 # random_keys stream for the drafter's own draws (0-3 belong to the target's sampling).
 DRAFT_STREAM = 4

@@ -33,9 +33,9 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=20)
     args = ap.parse_args()
 
-    from mlxcel.engine.batch_decode import DecodeBatch
-    from mlxcel.engine.decode import prefill
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.decode.batch import DecodeBatch
+    from mlxcel.engine.decode.plain import prefill
+    from mlxcel.engine.model.loading import load_model
 
     lm = load_model(args.model)
     base = None

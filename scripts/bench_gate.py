@@ -10,8 +10,8 @@ import argparse
 import asyncio
 import time
 
-from mlxcel.server.app import GateMiddleware, ServerState
-from mlxcel.server.args import ServerConfig
+from mlxcel.server.http.app import GateMiddleware, ServerState
+from mlxcel.server.cli.args import ServerConfig
 
 
 async def bare(scope, receive, send):

@@ -2,7 +2,7 @@
 """Plain-decode benchmark: mlxcel's decode loop against mlx-lm's ``generate_step``.
 
 Fairness: both sides run the *same model object* in the same process (mlxcel's ``load_model``,
-so a GGUF is loaded once, with the device policy of ``engine/device.py``: float32 weights and
+so a GGUF is loaded once, with the device policy of ``engine/platform/device.py``: float32 weights and
 OpenBLAS on a Linux CPU), greedy, no EOS stop, no detokenization, on the same prompt. Runs are
 interleaved (mlxcel, mlx-lm, mlxcel, ...) and the best of N is kept for each, so background load
 hits both alike. Both are timed with one clock and one definition:
@@ -58,9 +58,9 @@ def prompt_tokens(loaded, n: int) -> list[int]:
 
 
 def time_mlxcel(loaded, prompt: list[int], n: int) -> tuple[float, float, list[int]]:
-    from mlxcel.engine.decode import generate_tokens
-    from mlxcel.engine.sampler_chain import SamplerChain
-    from mlxcel.engine.sampling_params import SamplerParams
+    from mlxcel.engine.decode.plain import generate_tokens
+    from mlxcel.engine.sampling.chain import SamplerChain
+    from mlxcel.engine.sampling.params import SamplerParams
 
     chain = SamplerChain(SamplerParams(temperature=0.0), vocab_size=loaded.vocab_size, eos_token_ids=())
     start = time.perf_counter()
@@ -91,7 +91,7 @@ def time_mlx_lm(loaded, prompt: list[int], n: int) -> tuple[float, float, list[i
 
 
 def compare(args) -> dict:
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.model.loading import load_model
 
     loaded = load_model(args.model)
     prompt = prompt_tokens(loaded, args.prompt_tokens)
@@ -120,8 +120,8 @@ def forward_cost_ratio(loaded, width: int = 8, context: int = 64, reps: int = 15
     ``context`` tokens (a verify round's shape vs a decode step's)."""
     import mlx.core as mx
 
-    from mlxcel.engine.decode import prefill
-    from mlxcel.engine.kv_cache import rewind
+    from mlxcel.engine.decode.plain import prefill
+    from mlxcel.engine.decode.kv_cache import rewind
 
     prompt = prompt_tokens(loaded, context)
     cache = loaded.make_cache()
@@ -146,7 +146,7 @@ def single(args) -> dict:
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.model.loading import load_model
 
     loaded = load_model(args.model)
     dtypes = sorted({str(v.dtype).replace("mlx.core.", "") for _, v in tree_flatten(loaded.model.parameters())})
@@ -177,9 +177,9 @@ def paths(args) -> dict:
     and forth."""
     import mlx.nn as nn
 
-    from mlxcel.engine import blas_shim
-    from mlxcel.engine.compiled_rope import DecodeStepRoPE
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.platform import blas_shim
+    from mlxcel.engine.platform.compiled_rope import DecodeStepRoPE
+    from mlxcel.engine.model.loading import load_model
 
     loaded = load_model(args.model)
     swaps = []
@@ -262,7 +262,7 @@ def main() -> None:
     parser.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    from mlxcel.engine.device import reexec_with_fast_blas
+    from mlxcel.engine.platform.device import reexec_with_fast_blas
 
     reexec_with_fast_blas()  # honours MLXCEL_BLAS_PRELOAD=0
     if args.single:

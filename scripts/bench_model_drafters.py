@@ -6,7 +6,7 @@ DFlash network shaped for the target (one layer, three target layers read, the p
 layout written to a temporary directory and read by the real loader). It almost never guesses
 right, so these figures are the *overhead* of the loop, not its gain:
 
-* ``features``: the target forward that also records hidden states (``engine.target_features``)
+* ``features``: the target forward that also records hidden states (``engine.speculative.target_features``)
   against the plain forward, at widths 1 and ``--block + 1``;
 * ``loop``: decode tokens/s at temperature 0 for plain decoding, the DFlash loop verifying each
   block in one forward (``MLXCEL_EXACTNESS_PROBE=pass``) and verifying token by token (``fail``,
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlxcel.engine.decode import generate_tokens
-from mlxcel.engine.loading import load_model
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
-from mlxcel.engine.target_features import forward_with_features, inner_model
+from mlxcel.engine.decode.plain import generate_tokens
+from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.session import SpeculativeCounters, speculative_generate
+from mlxcel.engine.speculative.target_features import forward_with_features, inner_model
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."
 GREEDY = SamplerParams(temperature=0.0, ignore_eos=True)
@@ -130,7 +130,7 @@ def decode_tps(run) -> tuple[float, list[int]]:
 
 
 def bench_loop(target, drafter_dir: Path, n: int, block: int, repeats: int) -> None:
-    from mlxcel.drafters.kinds import load_model_drafter
+    from mlxcel.drafters.registry import load_model_drafter
 
     prompt = list(target.tokenizer.encode(PROMPT))
 

@@ -16,8 +16,8 @@ from dataclasses import replace
 import mlx.core as mx
 import numpy as np
 
-from mlxcel.engine.sampler_chain import SamplerChain, position_keys
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.sampling.chain import SamplerChain, position_keys
+from mlxcel.engine.sampling.params import SamplerParams
 
 _categorical = mx.vmap(lambda logp, key: mx.random.categorical(logp, key=key))
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 
-from mlxcel.engine.device import env_with_fast_blas
+from mlxcel.engine.platform.device import env_with_fast_blas
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = [
@@ -51,7 +51,7 @@ def export_default_model(out: Path) -> Path:
         return out
     from mlx_lm.utils import save_config, save_model
 
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.model.loading import load_model
 
     loaded = load_model(None)
     save_model(out, loaded.model)
@@ -124,7 +124,7 @@ def main() -> int:
     model_dir = export_default_model(Path(args.model_dir))
     logs = Path(tempfile.mkdtemp(prefix="bench-server-"))
     servers = {
-        "mlxcel": lambda port: [sys.executable, "-m", "mlxcel.server.serve_command", "-m", str(model_dir),
+        "mlxcel": lambda port: [sys.executable, "-m", "mlxcel.server.cli.serve", "-m", str(model_dir),
                                 "--port", str(port), "-np", str(max(levels)), "-c", "2048"],
         "mlx_lm": lambda port: [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port",
                                 str(port), "--temp", "0", "--max-tokens", str(args.max_tokens)],

@@ -29,14 +29,14 @@ import sys
 import time
 
 from mlxcel.drafters.draft_model import DraftModelDrafter
-from mlxcel.drafters.prompt_lookup import PromptLookupDrafter
-from mlxcel.engine.acceptance_report import report_lines
-from mlxcel.engine.decode import generate_tokens
-from mlxcel.engine.loading import load_model
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
-from mlxcel.server.generate_command import encode_prompt
+from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
+from mlxcel.engine.speculative.report import report_lines
+from mlxcel.engine.decode.plain import generate_tokens
+from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.session import SpeculativeCounters, speculative_generate
+from mlxcel.server.cli.generate import encode_prompt
 
 CODE_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
 LOOKUP_PROMPTS = {

@@ -57,7 +57,7 @@ def free_port() -> int:
 
 
 def builtin_gguf() -> str:
-    from mlxcel.engine.loading import default_model_path
+    from mlxcel.engine.model.loading import default_model_path
 
     return str(default_model_path())
 
@@ -125,7 +125,7 @@ def mlx_lm_worker(model: str) -> None:
     import mlx.core as mx
     from mlx_lm.generate import generate_step
 
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.model.loading import load_model
 
     lm = load_model(model)
     print(json.dumps({"ready": True, "preload": os.environ.get("LD_PRELOAD", "")}), flush=True)
@@ -144,7 +144,7 @@ def mlx_lm_worker(model: str) -> None:
 
 
 def child_env(threads: int, sgemv: bool) -> dict:
-    from mlxcel.engine.device import env_with_fast_blas
+    from mlxcel.engine.platform.device import env_with_fast_blas
 
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXCEL_BLAS_PRELOADED")}
     env["OPENBLAS_NUM_THREADS"] = str(threads)
@@ -189,7 +189,7 @@ def main() -> None:
                            "--host", "127.0.0.1", "--port", port]
                     arms.append(Server(name, cmd, env, log))
                 elif kind in ("mlxcel", "mlxcel-no-sgemv"):
-                    cmd = [sys.executable, "-m", "mlxcel.server.serve_command", "-m", model, "-np", "1", "-c", "2048",
+                    cmd = [sys.executable, "-m", "mlxcel.server.cli.serve", "-m", model, "-np", "1", "-c", "2048",
                            "-t", str(t), "--host", "127.0.0.1", "--port", port]
                     arms.append(Server(name, cmd, child_env(t, kind == "mlxcel"), log))
                 elif kind == "mlx_lm":

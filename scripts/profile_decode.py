@@ -81,10 +81,10 @@ def profile(loaded, context: int, reps: int) -> dict:
     from mlx_lm.models.activations import swiglu
     from mlx_lm.models.base import scaled_dot_product_attention
 
-    from mlxcel.engine.decode import prefill
-    from mlxcel.engine.kv_cache import rewind
-    from mlxcel.engine.sampler_chain import SamplerChain
-    from mlxcel.engine.sampling_params import SamplerParams
+    from mlxcel.engine.decode.plain import prefill
+    from mlxcel.engine.decode.kv_cache import rewind
+    from mlxcel.engine.sampling.chain import SamplerChain
+    from mlxcel.engine.sampling.params import SamplerParams
 
     model = loaded.model
     inner = model.model
@@ -191,10 +191,10 @@ def main() -> None:
     parser.add_argument("--no-bandwidth", action="store_true")
     args = parser.parse_args()
 
-    from mlxcel.engine.device import reexec_with_fast_blas
+    from mlxcel.engine.platform.device import reexec_with_fast_blas
 
     reexec_with_fast_blas()
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.model.loading import load_model
 
     loaded = load_model(args.model)
     result = {"model": loaded.path.name, "load_avg": os.getloadavg(), **profile(loaded, args.context, args.reps)}

@@ -29,11 +29,11 @@ from bench_server_speculative import WORKLOADS  # noqa: E402
 
 
 def decode_plain(loaded, prompt: str, max_tokens: int) -> tuple[list[int], list[int]]:
-    from mlxcel.engine.decode import generate_tokens
-    from mlxcel.engine.sampler_chain import SamplerChain
-    from mlxcel.engine.sampling_params import SamplerParams
-    from mlxcel.server.chat_template import apply_template
-    from mlxcel.server.prompts import tokenize_prompt
+    from mlxcel.engine.decode.plain import generate_tokens
+    from mlxcel.engine.sampling.chain import SamplerChain
+    from mlxcel.engine.sampling.params import SamplerParams
+    from mlxcel.server.http.chat_template import apply_template
+    from mlxcel.server.http.prompts import tokenize_prompt
 
     text = apply_template(loaded.tokenizer, loaded.chat_template, [{"role": "user", "content": prompt}])
     ids = tokenize_prompt(loaded, [text])
@@ -48,7 +48,7 @@ def forward_costs(loaded, context: int, widths: int, repeats: int = 9) -> list[f
     """Median seconds per target forward of width 1..widths after ``context`` cached tokens."""
     import mlx.core as mx
 
-    from mlxcel.engine.kv_cache import rewind
+    from mlxcel.engine.decode.kv_cache import rewind
 
     cache = loaded.make_cache()
     mx.eval(loaded.model(mx.array([[1] * context]), cache=cache))
@@ -66,7 +66,7 @@ def forward_costs(loaded, context: int, widths: int, repeats: int = 9) -> list[f
 
 def replay(make_drafter, n_max: int, prompt: list[int], emitted: list[int], trace=None) -> dict:
     """Run the server's round loop over a fixed emitted stream; returns forwards and widths."""
-    from mlxcel.engine.sampling_params import SamplerParams
+    from mlxcel.engine.sampling.params import SamplerParams
 
     drafter = make_drafter()
     drafter.start(prompt, SamplerParams(temperature=0.0), 0)
@@ -120,7 +120,7 @@ def replay_oracle(n_max: int, prompt: list[int], emitted: list[int]) -> dict:
 
 
 def policies(n_max: int):
-    from mlxcel.drafters.governor import GovernedPromptLookupDrafter
+    from mlxcel.drafters.lookup.governor import GovernedPromptLookupDrafter
 
     out = {
         "block 8, n 1..3 (before)": (lambda: GovernedPromptLookupDrafter(1, 3), 8),
@@ -148,7 +148,7 @@ def main() -> int:
                     help="cache of the decoded streams (reused when present for the same settings)")
     args = ap.parse_args()
 
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.model.loading import load_model
 
     loaded = load_model(None)
     cache_path = Path(args.streams)

@@ -1,2 +1,2 @@
-"""The llama-server-compatible HTTP server, its scheduler (the one thread that runs MLX), and the
-`mlxcel` command line."""
+"""The llama-server-compatible server, in three layers that only import downward:
+``cli`` (entry points, flags) -> ``http`` (routes, formats) -> ``runtime`` (scheduler, slots)."""

@@ -26,13 +26,13 @@ def tiny_qwen_dir(checkpoints_root) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_llama_dir):
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.model.loading import load_model
 
     return load_model(tiny_llama_dir)
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen(tiny_qwen_dir):
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.model.loading import load_model
 
     return load_model(tiny_qwen_dir)

@@ -29,18 +29,18 @@ def free_port() -> int:
 
 def server_env() -> dict:
     """This process's environment, with OpenBLAS preloaded for the server on a Linux CPU."""
-    from mlxcel.engine.device import env_with_fast_blas
+    from mlxcel.engine.platform.device import env_with_fast_blas
 
     return env_with_fast_blas()
 
 
 class ServerProcess:
-    """``python -m mlxcel.server.serve_command ARGS --port P``, waited for until /health is 200."""
+    """``python -m mlxcel.server.cli.serve ARGS --port P``, waited for until /health is 200."""
 
     def __init__(self, *args: str, timeout: float = 180.0, env: dict | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "mlxcel.server.serve_command", *args, "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "mlxcel.server.cli.serve", *args, "--host", "127.0.0.1",
                "--port", str(self.port)]
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlxcel-server-{self.port}.log"
         self._log = open(self.log_path, "wb")
@@ -82,9 +82,9 @@ class ServerProcess:
 
 
 def run_server_command(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python -m mlxcel.server.serve_command ARGS`` run to its exit, output captured as text (for
+    """``python -m mlxcel.server.cli.serve ARGS`` run to its exit, output captured as text (for
     command lines that must be refused, or that print and exit)."""
-    return subprocess.run([sys.executable, "-m", "mlxcel.server.serve_command", *args], cwd=REPO, env=server_env(),
+    return subprocess.run([sys.executable, "-m", "mlxcel.server.cli.serve", *args], cwd=REPO, env=server_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 

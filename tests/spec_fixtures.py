@@ -14,7 +14,7 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from mlxcel.engine.draft_proposal import Proposal
+from mlxcel.engine.speculative.proposal import Proposal
 
 # 12 000 emitted tokens by default; MLXCEL_SPEC_DIST_SAMPLES overrides.
 DIST_SAMPLES = int(os.environ.get("MLXCEL_SPEC_DIST_SAMPLES", "12000"))

@@ -3,10 +3,10 @@ and the speculative stream itself with its counters."""
 
 from __future__ import annotations
 
-from mlxcel.engine.decode import generate_tokens
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
+from mlxcel.engine.decode.plain import generate_tokens
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.session import SpeculativeCounters, speculative_generate
 
 
 def target_only_tokens(lm, prompt: list[int], params: SamplerParams, n: int) -> list[int]:

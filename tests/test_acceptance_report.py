@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import re
 
-from mlxcel.drafters.prompt_lookup import PromptLookupDrafter
-from mlxcel.engine.acceptance_report import acceptance_line, diagnostic_line, report_lines
-from mlxcel.engine.speculative import SpeculativeCounters, diagnostics_enabled
-from mlxcel.engine.verify import RoundResult
+from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
+from mlxcel.engine.speculative.report import acceptance_line, diagnostic_line, report_lines
+from mlxcel.engine.speculative.session import SpeculativeCounters, diagnostics_enabled
+from mlxcel.engine.speculative.verify import RoundResult
 
 LINE = re.compile(
     r"^\[Speculative acceptance\] rule=(?P<rule>[a-z-]+) rounds=(?P<rounds>\d+) proposed=(?P<proposed>\d+) "

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from spec_fixtures import CHI2_CRITICAL, chi_square
 
-from mlxcel.engine import acceptance as acc
+from mlxcel.engine.speculative import acceptance as acc
 from mlxcel.engine.errors import MlxcelError
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.sampling.params import SamplerParams
 
 P = np.array([0.40, 0.25, 0.15, 0.10, 0.10, 0.00])
 Q = np.array([0.10, 0.10, 0.20, 0.20, 0.25, 0.15])

@@ -64,7 +64,7 @@ def test_seed_reproduces_and_chat_template_matters(tiny_llama_dir, tmp_path):
 def test_log_env_installs_a_stderr_handler(tiny_llama_dir):
     proc = mlxcel("generate", "-m", str(tiny_llama_dir), "-p", "hi", "-n", "2", env={"MLXCEL_LOG": "info"})
     assert proc.returncode == 0, proc.stderr
-    assert "INFO mlxcel.server.generate_command: loaded" in proc.stderr
+    assert "INFO mlxcel.server.cli.generate: loaded" in proc.stderr
     assert "INFO" not in proc.stdout and SUMMARY.search(proc.stdout)
 
 

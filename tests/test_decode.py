@@ -5,11 +5,11 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from mlxcel.engine.decode import generate_tokens, prefill
+from mlxcel.engine.decode.plain import generate_tokens, prefill
 from mlxcel.engine.errors import PromptError
-from mlxcel.engine.kv_cache import cache_length
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.decode.kv_cache import cache_length
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
 
 PROMPT = [5, 17, 42, 99, 7, 123, 64, 8, 250, 31, 77]
 

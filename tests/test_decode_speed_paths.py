@@ -1,4 +1,4 @@
-"""The CPU decode speed paths: the one-row matmul shim (``engine/blas_shim.py``).
+"""The CPU decode speed paths: the one-row matmul shim (``engine/platform/blas_shim.py``).
 
 * in a process started the project's way (``scripts/with-blas``, or a server started through
   ``env_with_fast_blas``) the shim is loaded ahead of OpenBLAS;
@@ -9,7 +9,7 @@
   (``test_decode.py``) and SmolLM2's greedy tokens equal those of a process without the shim
   (slow: two SmolLM2 processes).
 
-And the compiled one-token rope (``engine/compiled_rope.py``): bitwise ``mx.fast.rope`` at every
+And the compiled one-token rope (``engine/platform/compiled_rope.py``): bitwise ``mx.fast.rope`` at every
 offset tested (scalar and per-row), and the same greedy and seeded tokens as the plain model.
 """
 
@@ -26,8 +26,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxcel.engine import blas_shim
-from mlxcel.engine.device import env_with_fast_blas, preload_libraries
+from mlxcel.engine.platform import blas_shim
+from mlxcel.engine.platform.device import env_with_fast_blas, preload_libraries
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -67,7 +67,7 @@ def test_the_shim_comes_first_in_a_childs_preload():
 
 
 def test_openblas_threads_default_to_the_usable_cores_unless_told_otherwise():
-    from mlxcel.engine.device import set_blas_threads
+    from mlxcel.engine.platform.device import set_blas_threads
 
     if not sys.platform.startswith("linux") or not preload_libraries():
         pytest.skip("no OpenBLAS on this machine")
@@ -123,10 +123,10 @@ def test_multi_row_matmuls_are_left_to_sgemm():
 
 GREEDY_SCRIPT = """
 import json, sys
-from mlxcel.engine.decode import generate_tokens
-from mlxcel.engine.loading import load_model
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.decode.plain import generate_tokens
+from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
 lm = load_model(None)
 prompt = lm.tokenizer.encode("The three laws of thermodynamics say that", add_special_tokens=False)
 chain = SamplerChain(SamplerParams(temperature=0.0, ignore_eos=True), vocab_size=lm.vocab_size)
@@ -150,14 +150,14 @@ def test_smollm2_greedy_tokens_are_the_same_with_and_without_the_shim():
     assert runs["1"]["tokens"] == runs["0"]["tokens"]
 
 
-# --- compiled one-token rope (engine/compiled_rope.py) ---------------------------------------
+# --- compiled one-token rope (engine/platform/compiled_rope.py) ---------------------------------------
 
 
 @pytest.mark.parametrize("heads", [9, 3, 1])
 def test_compiled_rope_is_bitwise_fast_rope_at_every_offset(heads):
     import mlx.nn as nn
 
-    from mlxcel.engine.compiled_rope import DecodeStepRoPE
+    from mlxcel.engine.platform.compiled_rope import DecodeStepRoPE
 
     for base, traditional in ((100000.0, False), (10000.0, True)):
         plain = nn.RoPE(64, traditional=traditional, base=base)
@@ -175,11 +175,11 @@ def test_compiled_rope_is_bitwise_fast_rope_at_every_offset(heads):
 def test_decoding_with_the_compiled_rope_gives_the_same_tokens(which, request, monkeypatch):
     import mlx.nn as nn
 
-    from mlxcel.engine.compiled_rope import DecodeStepRoPE
-    from mlxcel.engine.decode import generate_tokens
-    from mlxcel.engine.loading import load_model
-    from mlxcel.engine.sampler_chain import SamplerChain
-    from mlxcel.engine.sampling_params import SamplerParams
+    from mlxcel.engine.platform.compiled_rope import DecodeStepRoPE
+    from mlxcel.engine.decode.plain import generate_tokens
+    from mlxcel.engine.model.loading import load_model
+    from mlxcel.engine.sampling.chain import SamplerChain
+    from mlxcel.engine.sampling.params import SamplerParams
 
     path = request.getfixturevalue(which)
     fast = load_model(path)
@@ -204,9 +204,9 @@ def test_decoding_with_the_compiled_rope_gives_the_same_tokens(which, request, m
 
 
 def test_pipelined_batch_steps_give_the_tokens_of_synchronous_ones(tiny_llama):
-    from mlxcel.engine.batch_decode import DecodeBatch, forward_chunk
-    from mlxcel.engine.sampler_chain import SamplerChain
-    from mlxcel.engine.sampling_params import SamplerParams
+    from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
+    from mlxcel.engine.sampling.chain import SamplerChain
+    from mlxcel.engine.sampling.params import SamplerParams
 
     lm = tiny_llama
     prompts = {"a": [5, 17, 42, 99, 7, 123], "b": [64, 8, 250, 31, 77, 3, 9, 11]}

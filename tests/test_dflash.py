@@ -21,20 +21,20 @@ import pytest
 import tiny_drafters
 from target_only import speculative_tokens, target_only_tokens
 
-from mlxcel.drafters.dflash import DFlashDrafter
-from mlxcel.drafters.dspark import DSparkDrafter
-from mlxcel.drafters.kinds import load_model_drafter
-from mlxcel.drafters.muse_glimmer import DECLARED_DEPTH, MuseGlimmerDrafter
-from mlxcel.engine import exactness_probe
-from mlxcel.engine.acceptance import ARGMAX_AGAINST_ARGMAX, GREEDY_ARGMAX, STOCHASTIC
-from mlxcel.engine.dflash_checkpoint import load_dflash_checkpoint
+from mlxcel.drafters.dflash.drafter import DFlashDrafter
+from mlxcel.drafters.dflash.dspark import DSparkDrafter
+from mlxcel.drafters.registry import load_model_drafter
+from mlxcel.drafters.dflash.muse_glimmer import DECLARED_DEPTH, MuseGlimmerDrafter
+from mlxcel.engine.speculative import exactness_probe
+from mlxcel.engine.speculative.acceptance import ARGMAX_AGAINST_ARGMAX, GREEDY_ARGMAX, STOCHASTIC
+from mlxcel.drafters.dflash.checkpoint import load_dflash_checkpoint
 from mlxcel.engine.errors import ModelLoadError
-from mlxcel.engine.kv_cache import cache_length
-from mlxcel.engine.loading import load_model
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.target_features import prefill_with_features
-from mlxcel.engine.verify import verify_round
+from mlxcel.engine.decode.kv_cache import cache_length
+from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.target_features import prefill_with_features
+from mlxcel.engine.speculative.verify import verify_round
 
 GREEDY = SamplerParams(temperature=0.0, ignore_eos=True)
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick"

@@ -26,12 +26,12 @@ import pytest
 import tiny_drafters
 from spec_fixtures import CHI2_CRITICAL, DIST_SAMPLES
 
-from mlxcel.drafters.kinds import load_model_drafter
-from mlxcel.engine import exactness_probe
-from mlxcel.engine.acceptance import ARGMAX_AGAINST_ARGMAX, STOCHASTIC
-from mlxcel.engine.loading import load_model
-from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.speculative import SpeculativeCounters, speculative_generate
+from mlxcel.drafters.registry import load_model_drafter
+from mlxcel.engine.speculative import exactness_probe
+from mlxcel.engine.speculative.acceptance import ARGMAX_AGAINST_ARGMAX, STOCHASTIC
+from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.session import SpeculativeCounters, speculative_generate
 
 BINS = 6
 SEGMENT = 500  # tokens per generated sequence; several seeds make up the sample

@@ -24,16 +24,16 @@ from spec_fixtures import (
     target_p,
 )
 
-from mlxcel.engine.acceptance import (
+from mlxcel.engine.speculative.acceptance import (
     ARGMAX_AGAINST_ARGMAX,
     SAMPLER_MATCH,
     STOCHASTIC,
     ChainOutcome,
 )
-from mlxcel.engine.random_keys import position_key
-from mlxcel.engine.sampler_chain import SamplerChain, sample
-from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.verify import verify_round
+from mlxcel.engine.sampling.random_keys import position_key
+from mlxcel.engine.sampling.chain import SamplerChain, sample
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.verify import verify_round
 
 FULL = SamplerParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 

@@ -11,10 +11,10 @@ import json
 import pytest
 import tiny_checkpoints
 
-from mlxcel.drafters.kinds import ResolvedKind, detect_drafter_kind, refuse_drafter_only_checkpoint
+from mlxcel.drafters.registry import ResolvedKind, detect_drafter_kind, refuse_drafter_only_checkpoint
 from mlxcel.engine.errors import MlxcelError, ModelLoadError
-from mlxcel.engine.loading import load_model
-from mlxcel.server.speculative_options import add_speculative_args, check_same_vocabulary, check_speculative_args
+from mlxcel.engine.model.loading import load_model
+from mlxcel.server.cli.generate_speculative import add_speculative_args, check_same_vocabulary, check_speculative_args
 
 DRAFTER_ONLY = {
     "dflash": {"model_type": "qwen3", "architectures": ["DFlashDraftModel"], "dflash_config": {"block_size": 16}},

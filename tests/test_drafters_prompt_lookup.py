@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from mlxcel.drafters.prompt_lookup import NgramIndex, PromptLookupDrafter
-from mlxcel.engine.draft_proposal import Proposal
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.drafters.lookup.prompt_lookup import NgramIndex, PromptLookupDrafter
+from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.engine.sampling.params import SamplerParams
 
 
 def lookup(seq, k=4, lo=1, hi=3):

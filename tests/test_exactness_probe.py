@@ -19,11 +19,11 @@ import pytest
 import tiny_drafters
 from target_only import speculative_tokens, target_only_tokens
 
-from mlxcel.drafters.kinds import load_model_drafter
-from mlxcel.engine import exactness_probe
+from mlxcel.drafters.registry import load_model_drafter
+from mlxcel.engine.speculative import exactness_probe
 from mlxcel.engine.errors import MlxcelError
-from mlxcel.engine.loading import load_model
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.sampling.params import SamplerParams
 
 GREEDY = SamplerParams(temperature=0.0, ignore_eos=True)
 
@@ -142,7 +142,7 @@ def test_a_failing_probe_falls_back_to_chain_decoding_and_says_so_once(pair, cap
     skewed.model = Wrapped(skewed.model, "skewed")
     prompt = list(lm.tokenizer.encode("The quick brown fox jumps over the lazy dog."))
     drafter = load_model_drafter(drafter_dir, target_vocab_size=lm.vocab_size)
-    with caplog.at_level(logging.WARNING, logger="mlxcel.engine.exactness_probe"):
+    with caplog.at_level(logging.WARNING, logger="mlxcel.engine.speculative.exactness_probe"):
         out, counters = speculative_tokens(skewed, drafter, prompt, GREEDY, 30, k=5)
     assert out == plain(lm, prompt, 30)
     assert counters.rounds > 0 and counters.chain_rounds == counters.rounds

@@ -11,8 +11,8 @@ from gguf import GGMLQuantizationType as Q
 
 import tiny_gguf
 from mlxcel.engine.errors import ModelLoadError, UnsupportedQuantError
-from mlxcel.engine.gguf_loader import load_gguf
-from mlxcel.engine.loading import load_model
+from mlxcel.engine.model.gguf_loader import load_gguf
+from mlxcel.engine.model.loading import load_model
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_unsupported_quant_type_names_tensor_and_type(tiny_qwen_dir, tmp_path):
 
 def test_unknown_type_id(good_gguf, tmp_path):
     """A tensor whose ggml type id is not one llama.cpp defines."""
-    from mlxcel.engine.gguf_file import read_gguf
+    from mlxcel.engine.gguf.file import read_gguf
 
     data = bytearray(good_gguf.read_bytes())
     info = read_gguf(good_gguf)

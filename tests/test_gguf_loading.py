@@ -15,9 +15,9 @@ from gguf import GGMLQuantizationType as Q
 
 import tiny_checkpoints
 import tiny_gguf
-from mlxcel.engine.gguf_file import read_gguf
-from mlxcel.engine.gguf_tensors import affine_triplet, dequantize_numpy, llama_qk_rows
-from mlxcel.engine.loading import default_model_path, load_model
+from mlxcel.engine.gguf.file import read_gguf
+from mlxcel.engine.gguf.tensors import affine_triplet, dequantize_numpy, llama_qk_rows
+from mlxcel.engine.model.loading import default_model_path, load_model
 
 PROMPT = "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b"
 MIXED = tiny_gguf.mixed({

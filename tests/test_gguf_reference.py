@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import tiny_gguf
-from mlxcel.engine.loading import default_model_path, load_model
+from mlxcel.engine.model.loading import default_model_path, load_model
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("accelerate") is None,

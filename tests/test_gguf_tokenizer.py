@@ -8,9 +8,9 @@ import pytest
 
 import tiny_checkpoints
 import tiny_gguf
-from mlxcel.engine.gguf_file import read_gguf
-from mlxcel.engine.gguf_tokenizer import build_tokenizer, merges_from_scores
-from mlxcel.engine.loading import default_model_path, load_model
+from mlxcel.engine.gguf.file import read_gguf
+from mlxcel.engine.gguf.tokenizer import build_tokenizer, merges_from_scores
+from mlxcel.engine.model.loading import default_model_path, load_model
 
 # (text, ids) pairs captured from llama-server's /tokenize serving SmolLM2-135M-Instruct.Q4_1.gguf.
 LLAMA_SERVER_IDS = [

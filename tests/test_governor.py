@@ -1,17 +1,17 @@
-"""The server's prompt-lookup governor, one test per clause of its rule (drafters/governor.py),
+"""The server's prompt-lookup governor, one test per clause of its rule (drafters/lookup/governor.py),
 plus the drafter that wires it to the n-gram lookup."""
 
 from __future__ import annotations
 
-from mlxcel.drafters.governor import (
+from mlxcel.drafters.lookup.governor import (
     FLOOR,
     MIN_ROUNDS,
     SHADOW_RESUME_TOKENS,
     GovernedPromptLookupDrafter,
     LookupGovernor,
 )
-from mlxcel.engine.draft_proposal import Proposal
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.engine.sampling.params import SamplerParams
 
 LOW = 1  # accepted drafts of a low-yield round (yield 2 < FLOOR)
 HIGH = 7  # yield 8 >= FLOOR

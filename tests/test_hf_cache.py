@@ -12,7 +12,7 @@ from pathlib import Path
 
 LOAD = (
     "import sys\n"
-    "from mlxcel.engine.loading import load_model\n"
+    "from mlxcel.engine.model.loading import load_model\n"
     "from mlxcel.engine.errors import ModelLoadError\n"
     "try:\n"
     "    m = load_model(hf_repo=sys.argv[1], hf_file=sys.argv[2] or None)\n"

@@ -17,7 +17,7 @@ from mlx_lm.models.cache import (
 )
 
 from mlxcel.engine.errors import CacheRewindError
-from mlxcel.engine.kv_cache import cache_length, can_rewind, rewind
+from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
 
 TOL = 1e-4
 
@@ -144,7 +144,7 @@ def test_rotating_cache_refuses_once_wrapped(tiny_llama):
 
 def test_mixed_sliding_window_model(tiny_llama_dir, tmp_path):
     """A checkpoint whose own make_cache mixes full and sliding-window layers."""
-    from mlxcel.engine.loading import load_model
+    from mlxcel.engine.model.loading import load_model
 
     d = tmp_path / "tiny-swa"
     shutil.copytree(tiny_llama_dir, d)

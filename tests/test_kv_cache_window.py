@@ -10,8 +10,8 @@ import pytest
 import tiny_drafters
 
 from mlxcel.engine.errors import CacheRewindError
-from mlxcel.engine.kv_cache import can_rewind, rewind
-from mlxcel.engine.loading import load_model
+from mlxcel.engine.decode.kv_cache import can_rewind, rewind
+from mlxcel.engine.model.loading import load_model
 
 WINDOW = 8
 

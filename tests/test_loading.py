@@ -10,7 +10,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlxcel.engine.errors import ModelLoadError
-from mlxcel.engine.loading import default_model_path, load_model
+from mlxcel.engine.model.loading import default_model_path, load_model
 
 
 @pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen"])
@@ -21,7 +21,7 @@ def test_directory_checkpoint_loads_and_runs(fixture, request):
     logits = loaded.model(mx.array([ids]))
     assert logits.shape == (1, len(ids), loaded.vocab_size)
     assert bool(mx.all(mx.isfinite(logits)).item())
-    # On this CPU every weight runs in float32 (engine/device.py).
+    # On this CPU every weight runs in float32 (engine/platform/device.py).
     assert {v.dtype for _, v in tree_flatten(loaded.model.parameters())} == {mx.float32}
 
 

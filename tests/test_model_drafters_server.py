@@ -21,10 +21,10 @@ import pytest
 import tiny_drafters
 from server_process import ServerProcess, post_ok, running, sse_events
 
-from mlxcel.engine.decode import generate_tokens
-from mlxcel.engine.loading import load_model
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.decode.plain import generate_tokens
+from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
 
 N = 20
 TEXTS = ["The quick brown fox jumps over the lazy dog. The quick brown fox", "def add(a, b):\n    return a + b\n"]

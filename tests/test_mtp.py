@@ -25,13 +25,13 @@ import tiny_mtp
 from spec_fixtures import CHI2_CRITICAL, DIST_SAMPLES
 from target_only import speculative_tokens, target_only_tokens
 
-from mlxcel.drafters.mtp import MtpDrafter
-from mlxcel.drafters.mtp_head import MtpHead
-from mlxcel.engine.acceptance import ARGMAX_AGAINST_ARGMAX, GREEDY_ARGMAX, STOCHASTIC, select_rule
+from mlxcel.drafters.mtp.drafter import MtpDrafter
+from mlxcel.drafters.mtp.head import MtpHead
+from mlxcel.engine.speculative.acceptance import ARGMAX_AGAINST_ARGMAX, GREEDY_ARGMAX, STOCHASTIC, select_rule
 from mlxcel.engine.errors import ModelLoadError
-from mlxcel.engine.kv_cache import cache_length
-from mlxcel.engine.loading import load_model
-from mlxcel.engine.mtp_checkpoint import (
+from mlxcel.engine.decode.kv_cache import cache_length
+from mlxcel.engine.model.loading import load_model
+from mlxcel.drafters.mtp.checkpoint import (
     DEEPSEEK_NEXTN,
     EMBEDDING_FIRST,
     HIDDEN_FIRST,
@@ -39,10 +39,10 @@ from mlxcel.engine.mtp_checkpoint import (
     QWEN3_NEXT,
     load_mtp,
 )
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.target_features import forward_with_features, prefill_with_features
-from mlxcel.engine.verify import verify_round
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.target_features import forward_with_features, prefill_with_features
+from mlxcel.engine.speculative.verify import verify_round
 
 PROMPT_TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 GREEDY = SamplerParams(temperature=0.0, ignore_eos=True, seed=0)
@@ -220,12 +220,12 @@ def test_hybrid_target_is_refused_at_bind(root):
 
 
 def test_the_kind_is_detected_from_config(glm_dir, assistant_dir):
-    from mlxcel.drafters.kinds import detect_drafter_kind
+    from mlxcel.drafters.registry import detect_drafter_kind
 
     assert detect_drafter_kind(json.loads((glm_dir / "config.json").read_text())).kind == "mtp"
     assert detect_drafter_kind(json.loads((assistant_dir / "config.json").read_text())).kind == "mtp"
     # A NextN assistant is a drafter-only checkpoint by structure: never loaded as a model.
-    from mlxcel.engine.drafter_checkpoints import drafter_structure
+    from mlxcel.drafters.checkpoints import drafter_structure
 
     assert drafter_structure(json.loads((assistant_dir / "config.json").read_text())) == "mtp"
     assert drafter_structure(json.loads((glm_dir / "config.json").read_text())) is None

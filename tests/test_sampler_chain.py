@@ -9,10 +9,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxcel.engine.sampler_chain import SamplerChain, sample
-from mlxcel.engine.random_keys import position_key
-from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.xtc import xtc_coins
+from mlxcel.engine.sampling.chain import SamplerChain, sample
+from mlxcel.engine.sampling.random_keys import position_key
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.sampling.xtc import xtc_coins
 from sampler_reference import reference_block
 
 V = 96

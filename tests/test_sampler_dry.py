@@ -9,10 +9,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxcel.engine.dry import DryBreakers, breakers_from_strings, dry_penalties, vocab_texts
-from mlxcel.engine.penalties import block_windows
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.sampling.dry import DryBreakers, breakers_from_strings, dry_penalties, vocab_texts
+from mlxcel.engine.sampling.penalties import block_windows
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
 from sampler_reference import reference_block, reference_breakers
 
 V = 32

@@ -9,8 +9,8 @@ import mlx.core as mx
 import numpy as np
 from scipy import stats
 
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
 
 ALPHA = 1e-4
 T = 6000  # positions, one draw each

@@ -10,9 +10,9 @@ import os
 import httpx
 import pytest
 
-from mlxcel.server import compat_record
-from mlxcel.server.args import ServerConfig, parse_args
-from mlxcel.server.cors import Cors
+from mlxcel.server.cli import compat_record
+from mlxcel.server.cli.args import ServerConfig, parse_args
+from mlxcel.server.http.cors import Cors
 from server_process import REPO, ServerProcess
 
 UPSTREAM_401 = b'{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}'

@@ -313,7 +313,7 @@ def test_the_untokenized_length_bound_never_overestimates(tiny_llama):
     """``least_tokens`` may refuse a prompt without tokenizing it: it must be a true lower bound."""
     import random
 
-    from mlxcel.server.prompts import least_tokens, longest_piece, tokenize_prompt
+    from mlxcel.server.http.prompts import least_tokens, longest_piece, tokenize_prompt
 
     piece = longest_piece(tiny_llama.tokenizer)
     assert piece > 0

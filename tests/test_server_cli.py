@@ -9,9 +9,9 @@ import re
 import httpx
 import pytest
 
-from mlxcel.server import compat_record
-from mlxcel.server.args import ArgumentError, parse_args
-from mlxcel.server.flag_table import FLAGS
+from mlxcel.server.cli import compat_record
+from mlxcel.server.cli.args import ArgumentError, parse_args
+from mlxcel.server.cli.flag_table import FLAGS
 from server_process import CAPTURES, REPO, ServerProcess, capture_names, load_capture, run_server_command
 
 RECORD = compat_record.record_dir(REPO)
@@ -36,7 +36,7 @@ def recorded(name: str) -> dict:
 
 def test_record_is_up_to_date():
     for name, data in compat_record.records().items():
-        assert recorded(name) == json.loads(json.dumps(data)), f"{name} is stale: run python -m mlxcel.server.compat_record"
+        assert recorded(name) == json.loads(json.dumps(data)), f"{name} is stale: run python -m mlxcel.server.cli.compat_record"
 
 
 def test_every_upstream_flag_is_recorded():
@@ -97,8 +97,8 @@ def test_supported_flags_take_effect():
 
 
 def test_routes_agree_with_app():
-    from mlxcel.server.app import create_app
-    from mlxcel.server.args import ServerConfig
+    from mlxcel.server.http.app import create_app
+    from mlxcel.server.cli.args import ServerConfig
 
     app = create_app(ServerConfig())
     live = {(m, r.path) for r in app.routes if hasattr(r, "methods") for m in r.methods}

@@ -4,7 +4,7 @@ touched (error body, or error event on a stream) and the engine keeps serving; a
 process exits 0.
 
 Engine faults are real exceptions raised on the engine thread by ``MLXCEL_FAULT_INJECT`` (see
-``server/faults.py``) for requests whose prompt carries a marker; what is asserted is the
+``server/runtime/faults.py``) for requests whose prompt carries a marker; what is asserted is the
 scheduler's own handling of them.
 """
 

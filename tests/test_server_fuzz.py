@@ -1,4 +1,4 @@
-"""Schemathesis over the server's own OpenAPI document (``GET /openapi.json``, ``server/openapi.py``)
+"""Schemathesis over the server's own OpenAPI document (``GET /openapi.json``, ``server/http/openapi.py``)
 against a real server: no 5xx, every response has a documented status, content type and body
 schema, and every schema-violating body (wrong types, missing required fields, wrong methods) is
 refused with a 4xx. Both schema-valid and schema-violating requests are sent.
@@ -20,7 +20,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import (content_type_conformance, negative_data_rejection, not_a_server_error,
                                  response_schema_conformance, status_code_conformance)
 
-from mlxcel.server.openapi import document
+from mlxcel.server.http.openapi import document
 from server_process import ServerProcess
 
 EXAMPLES = int(os.environ.get("MLXCEL_FUZZ_EXAMPLES", "8"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.server.errors import ApiError
-from mlxcel.server.request_params import apply_sampler_order
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.server.runtime.errors import ApiError
+from mlxcel.server.http.request_params import apply_sampler_order
 
 
 def test_left_out_stages_become_no_ops_and_kept_ones_keep_their_values():

@@ -6,7 +6,7 @@ import mlx.core as mx
 import pytest
 
 import tiny_gguf
-from mlxcel.engine.loading import load_model
+from mlxcel.engine.model.loading import load_model
 
 PARAGRAPH = (
     "The city of Paris is the capital of France. It is known for its museums, its cafes and the Eiffel Tower, "

@@ -20,14 +20,14 @@ import pytest
 from target_only import speculative_tokens, target_only_tokens
 
 from mlxcel.drafters.draft_model import DraftModelDrafter
-from mlxcel.drafters.prompt_lookup import PromptLookupDrafter
-from mlxcel.engine.acceptance import GREEDY_ARGMAX, SAMPLER_MATCH, select_rule
-from mlxcel.engine.decode import prefill
-from mlxcel.engine.kv_cache import cache_length
-from mlxcel.engine.loading import load_model
-from mlxcel.engine.sampler_chain import SamplerChain
-from mlxcel.engine.sampling_params import SamplerParams
-from mlxcel.engine.verify import verify_round
+from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
+from mlxcel.engine.speculative.acceptance import GREEDY_ARGMAX, SAMPLER_MATCH, select_rule
+from mlxcel.engine.decode.plain import prefill
+from mlxcel.engine.decode.kv_cache import cache_length
+from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.verify import verify_round
 
 BANNED = 7  # a token the target is never allowed to emit (logit_bias -inf)
 PROMPT_TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"

@@ -1,4 +1,4 @@
-"""The feature forward (engine.target_features) returns the very logits the target computes.
+"""The feature forward (engine.speculative.target_features) returns the very logits the target computes.
 
 Zero tolerance: its logits equal ``model(tokens, cache)`` bitwise on tiny llama, qwen2, qwen3 and
 muse glimmer checkpoints (real mlx-lm models, real caches and masks), over a prefill and a
@@ -12,9 +12,9 @@ import mlx.core as mx
 import pytest
 import tiny_drafters
 
-from mlxcel.engine.decode import prefill
-from mlxcel.engine.loading import load_model
-from mlxcel.engine.target_features import (
+from mlxcel.engine.decode.plain import prefill
+from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.speculative.target_features import (
     FeaturesUnsupported,
     TargetFeatures,
     embed,

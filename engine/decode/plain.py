@@ -1,0 +1,142 @@
+"""Plain (non-speculative) decoding of one sequence: prefill the prompt, then one token per
+model step.
+
+The token at absolute position ``i`` of the sequence is chosen by ``SamplerChain`` from the
+logits of position ``i - 1`` with the sampler's history ``sequence[:i]`` and the random key of
+position ``i`` (``random_keys.position_key``). A speculative verify round applies the same
+chain to the same position, so under one seed both paths emit the same tokens.
+
+Cache invariant: at every yield (and after the loop ends) the cache holds exactly the KV
+entries of ``sequence[:cache_length(cache)]``; it may or may not already include the last
+emitted token, because the next step's forward is queued before that token is handed out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from mlxcel.engine.errors import PromptError
+from mlxcel.engine.decode.kv_cache import cache_length, rewind
+from mlxcel.engine.sampling.chain import SamplerChain
+
+DEFAULT_PREFILL_STEP = 512
+# Give freed buffers back to the allocator this often (as mlx-lm does) so a long generation
+# does not hold on to every intermediate it ever allocated.
+CLEAR_CACHE_EVERY = 256
+
+
+@dataclass
+class DecodeStep:
+    """One generated token and the running performance figures."""
+
+    token: int
+    position: int  # absolute index of ``token`` in the sequence (prompt included)
+    finish_reason: str | None  # None while generating; "stop" (EOS / stop callback) or "length"
+    prompt_tokens: int  # prompt tokens actually run through the model (cache hits excluded)
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory_gb: float
+
+
+def prefill(model: Any, tokens: Sequence[int], cache: list[Any], step: int = DEFAULT_PREFILL_STEP) -> mx.array:
+    """Run ``tokens`` through ``model``, extending ``cache``; return the last position's logits ``[V]``.
+
+    All but the last token go in chunks of ``step`` whose logits are never evaluated (only the
+    cache is), so the output head runs for one position only; then the last token alone. The
+    returned logits are lazy: evaluate them (or a token picked from them) to finish."""
+    if len(tokens) == 0:
+        raise PromptError("nothing to prefill: the prompt is empty")
+    step = max(1, int(step))
+    head = list(tokens[:-1])
+    for i in range(0, len(head), step):
+        model(mx.array(head[i : i + step])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+        mx.clear_cache()
+    return model(mx.array(tokens[-1:])[None], cache=cache)[0, -1]
+
+
+def generate_tokens(
+    model: Any,
+    prompt: Sequence[int],
+    chain: SamplerChain,
+    *,
+    cache: list[Any],
+    max_tokens: int = 256,
+    seed: int = 0,
+    eos_token_ids: Sequence[int] | None = None,
+    prefill_step: int = DEFAULT_PREFILL_STEP,
+    stop_check: Callable[[list[int]], bool] | None = None,
+) -> Iterator[DecodeStep]:
+    """Generate up to ``max_tokens`` tokens after ``prompt``, one ``DecodeStep`` per token.
+
+    ``cache`` may already hold a prefix of ``prompt`` (``cache_length(cache)`` tokens, which
+    must equal ``prompt[:that]``); only the rest is prefilled. Generation stops after an EOS
+    token (yielded, with finish_reason "stop"; never when the sampler's ``ignore_eos`` is set),
+    when ``stop_check(generated_tokens)`` returns True, or after ``max_tokens`` tokens."""
+    if len(prompt) == 0:
+        raise PromptError("the prompt is empty")
+    if max_tokens <= 0:
+        return
+    eos = set(chain.eos_token_ids if eos_token_ids is None else eos_token_ids)
+    if chain.params.ignore_eos:
+        eos = set()
+    history = list(prompt)
+
+    # The model needs at least one new token to produce logits.
+    cached = cache_length(cache)
+    if cached >= len(prompt):
+        rewind(cache, cached - len(prompt) + 1)
+        cached = len(prompt) - 1
+
+    mx.reset_peak_memory()
+    start = time.perf_counter()
+    logits = prefill(model, prompt[cached:], cache, prefill_step)
+    y = chain.pick(logits[None], history, seed=seed, first_position=len(history))
+    mx.eval(y)
+    prompt_time = time.perf_counter() - start
+    prompt_tps = (len(prompt) - cached) / max(prompt_time, 1e-9)
+    decode_start = time.perf_counter()
+
+    generated: list[int] = []
+    while True:
+        # Queue the forward over this token before reading it back, so building the next graph
+        # overlaps with the evaluation of this one.
+        last = len(generated) + 1 >= max_tokens
+        if not last:
+            next_logits = model(y[None], cache=cache)[0, -1]
+            mx.async_eval(next_logits)
+        token = int(y.item())
+        history.append(token)
+        generated.append(token)
+
+        if token in eos or (stop_check is not None and stop_check(generated)):
+            finish = "stop"
+        elif last:
+            finish = "length"
+        else:
+            finish = None
+        n = len(generated)
+        # The first token is the prefill's product; decode speed counts the ones after it.
+        elapsed = time.perf_counter() - decode_start
+        yield DecodeStep(
+            token=token,
+            position=len(history) - 1,
+            finish_reason=finish,
+            prompt_tokens=len(prompt) - cached,
+            prompt_tps=prompt_tps,
+            generation_tokens=n,
+            generation_tps=(n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0,
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+        )
+        if finish is not None:
+            return
+        if n % CLEAR_CACHE_EVERY == 0:
+            mx.clear_cache()
+        y = chain.pick(next_logits[None], history, seed=seed, first_position=len(history))
+        mx.async_eval(y)

@@ -1,0 +1,152 @@
+"""Turn GGUF tensors into MLX arrays: llama.cpp's block formats, its q/k row order, and
+its tensor names.
+
+Three block formats map exactly onto MLX's affine quantization (groups of 32, one scale and
+one bias per group), so on a GPU they stay quantized without any loss:
+
+    Q8_0  w = d * q,          q int8        ->  bits 8, scale d, bias -128 d, q + 128
+    Q4_0  w = d * (q - 8),    q in 0..15    ->  bits 4, scale d, bias -8 d
+    Q4_1  w = d * q + m,      q in 0..15    ->  bits 4, scale d, bias m
+
+(Q4 blocks store element j in the low nibble of byte j and element j + 16 in the high nibble;
+MLX packs element k into bits 4 (k mod 8) of word k / 8, so the nibbles are re-ordered.)
+Every other type (K-quants, Q5_*, IQ*, BF16) is dequantized with the ``gguf`` package's
+reference numpy code, in float32, then cast to the compute dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+
+from mlxcel.engine.errors import UnsupportedQuantError
+from mlxcel.engine.gguf.file import TensorInfo
+
+GROUP_SIZE = 32
+AFFINE_BLOCK_TYPES = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8}
+
+
+@dataclass
+class QuantizedWeight:
+    """An MLX affine-quantized matrix (what ``nn.QuantizedLinear`` holds)."""
+
+    weight: mx.array  # uint32, packed
+    scales: mx.array
+    biases: mx.array
+    bits: int
+    group_size: int = GROUP_SIZE
+
+    def dequantize(self, dtype: mx.Dtype) -> mx.array:
+        # Scales and biases in float32 first: dequantizing in float16 would round every weight.
+        out = mx.dequantize(self.weight, self.scales.astype(mx.float32), self.biases.astype(mx.float32),
+                            group_size=self.group_size, bits=self.bits)
+        return out.astype(dtype)
+
+
+def affine_triplet(info: TensorInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(packed uint32 weights, float16 scales, float16 biases) for a Q4_0 / Q4_1 / Q8_0 tensor."""
+    rows = info.data.shape[:-1]
+    n_blocks = info.shape[-1] // GROUP_SIZE
+    blocks = info.data.reshape(*rows, n_blocks, -1)
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    if info.qtype == Q.Q8_0:
+        q = blocks[..., 2:].view(np.int8).astype(np.int16) + 128
+        packed = q.astype(np.uint8).reshape(*rows, -1).view(np.uint32)
+        return packed, d, (d.astype(np.float32) * -128).astype(np.float16)
+    if info.qtype == Q.Q4_0:
+        bias = (d.astype(np.float32) * -8).astype(np.float16)
+        qs = blocks[..., 2:]
+    elif info.qtype == Q.Q4_1:
+        bias = blocks[..., 2:4].copy().view(np.float16)[..., 0]
+        qs = blocks[..., 4:]
+    else:
+        raise ValueError(f"not an affine block type: {info.qtype.name}")
+    nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # element order 0..31 within a block
+    packed = (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).astype(np.uint8)
+    return packed.reshape(*rows, -1).view(np.uint32), d, bias
+
+
+def dequantize_numpy(info: TensorInfo) -> np.ndarray:
+    """Float32 values of any tensor the ``gguf`` package can decode."""
+    if info.qtype in (Q.F32, Q.F16, Q.F64):
+        return np.asarray(info.data, dtype=np.float32)
+    try:
+        return quants.dequantize(info.data, info.qtype).astype(np.float32, copy=False)
+    except NotImplementedError:
+        raise UnsupportedQuantError(
+            f"tensor {info.name!r} uses ggml type {info.qtype.name}, which mlxcel cannot read; "
+            "re-quantize the model to a common type (Q4_K_M, Q8_0, ...)"
+        ) from None
+
+
+def to_mlx(info: TensorInfo, *, keep_quantized: bool, dtype: mx.Dtype) -> mx.array | QuantizedWeight:
+    """One tensor as MLX: a ``QuantizedWeight`` for Q4_0/Q4_1/Q8_0 matrices when
+    ``keep_quantized``, otherwise a float array in ``dtype``."""
+    if info.qtype in AFFINE_BLOCK_TYPES and len(info.shape) == 2:
+        w, s, b = affine_triplet(info)
+        triplet = QuantizedWeight(mx.array(w), mx.array(s), mx.array(b), bits=AFFINE_BLOCK_TYPES[info.qtype])
+        if keep_quantized:
+            triplet.scales = triplet.scales.astype(dtype)
+            triplet.biases = triplet.biases.astype(dtype)
+            return triplet
+        return triplet.dequantize(dtype)
+    if info.qtype == Q.F16 and dtype == mx.float16 or info.qtype == Q.F32 and dtype == mx.float32:
+        return mx.array(info.data)
+    return mx.array(dequantize_numpy(info)).astype(dtype)
+
+
+def llama_qk_rows(n_rows: int, n_head: int) -> np.ndarray:
+    """Row order that undoes llama.cpp's q/k permutation.
+
+    convert_hf_to_gguf rewrites each head's rows from Hugging Face's half-split rotary layout
+    (first half of the head = real parts, second half = imaginary) to llama.cpp's interleaved
+    one: GGUF row ``2 i + j`` holds HF row ``j * head_dim / 2 + i``. Taking rows of the GGUF
+    tensor in the returned order gives back the HF layout mlx-lm's non-traditional RoPE expects."""
+    head_dim = n_rows // n_head
+    if head_dim * n_head != n_rows or head_dim % 2:
+        raise ValueError(f"{n_rows} rows do not split into {n_head} heads of even size")
+    return np.arange(n_rows).reshape(n_head, head_dim // 2, 2).transpose(0, 2, 1).reshape(-1)
+
+
+def permute_rows(info: TensorInfo, order: np.ndarray) -> TensorInfo:
+    """The same tensor with its rows (output features) taken in ``order``. Blocks run along
+    rows, so this works on raw quantized bytes as well as on floats."""
+    return TensorInfo(name=info.name, qtype=info.qtype, shape=info.shape, data=np.take(info.data, order, axis=0))
+
+
+# llama.cpp tensor names (per block ``blk.N.``) -> mlx-lm / Hugging Face module paths.
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+# Present in some GGUFs but carried by the config instead of by a module parameter.
+NON_PARAMETER_TENSORS = {"rope_freqs.weight"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The mlx-lm parameter path for a GGUF tensor name, or None if we do not know it."""
+    stem, _, suffix = gguf_name.rpartition(".")
+    if stem in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[stem]}.{suffix}"
+    parts = stem.split(".")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
+        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"
+    return None

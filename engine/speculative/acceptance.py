@@ -1,0 +1,202 @@
+"""Acceptance rules for speculative decoding, and the selector that picks one for a request.
+
+A verify round gives, for each drafted position ``i``, the target's effective distribution
+``p_i`` (built by the sampler chain with the history as it would be had drafts ``0..i-1`` been
+emitted) and, when the drafter can say, the distribution ``q_i`` it drew draft ``d_i`` from.
+A rule walks the chain of drafts, accepts a prefix, and emits exactly one more token: the
+target's own token at the first rejected position, or a bonus token when every draft survived.
+
+The rules and what each guarantees:
+
+* ``greedy-argmax``: accept while the draft equals the target's argmax; emit the argmax.
+  Exactly greedy target decoding. Chosen whenever the sampler is argmax (temperature 0 or
+  top_k 1), before any distribution tensor exists.
+* ``sampler-match``: accept while the draft equals a fresh draw from ``p_i``; emit that draw on
+  either branch. Every emitted token is the draw plain decoding would make at that position,
+  so the stream *is* a target-only sample (with position-keyed randomness: the same tokens
+  as plain decoding under the same seed). Accepts with probability ``sum_x p(x) q(x)``.
+* ``stochastic`` (modified rejection sampling, opt-in): accept ``d`` iff ``u * q(d) <= p(d)``
+  with ``u ~ U[0, 1)``; at the first rejection emit a draw from ``normalize(relu(p - q))`` and
+  stop; after a clean sweep emit a bonus draw from ``p``. Distribution-equal to target-only
+  sampling (not token-equal) and accepts with probability ``sum_x min(p(x), q(x))``, the most
+  any distribution-preserving rule can.
+* ``sampler-match-no-proposal-distribution``: the stochastic rule was asked for but the
+  drafter cannot report ``q``; sampler-match runs instead and the id says so.
+* ``argmax-against-argmax``: accept while the draft equals the target's argmax whatever the
+  temperature; emit the argmax. Biased above temperature 0 (the stream is the greedy one).
+  The default of the model-based drafters (DFlash, DSpark, Muse Glimmer assistant, MTP), as in
+  the reference system; they report ``q``, so the stochastic opt-in makes them lossless.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlxcel.engine.errors import MlxcelError
+from mlxcel.engine.sampling.random_keys import position_key
+from mlxcel.engine.sampling.chain import sample
+from mlxcel.engine.sampling.params import SamplerParams
+
+STOCHASTIC = "stochastic"
+GREEDY_ARGMAX = "greedy-argmax"
+SAMPLER_MATCH = "sampler-match"
+SAMPLER_MATCH_NO_Q = "sampler-match-no-proposal-distribution"
+ARGMAX_AGAINST_ARGMAX = "argmax-against-argmax"
+RULES = (STOCHASTIC, GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q, ARGMAX_AGAINST_ARGMAX)
+
+# What the report prints in parentheses after the numbers.
+RULE_DESCRIPTIONS = {
+    STOCHASTIC: "stochastic (modified rejection sampling; lossless, acceptance-optimal)",
+    GREEDY_ARGMAX: "greedy argmax (temperature 0; exactly greedy target decoding)",
+    SAMPLER_MATCH: "sampler-match (draft accepted iff it equals the target's own draw; lossless)",
+    SAMPLER_MATCH_NO_Q: "sampler-match (stochastic acceptance requested, but the drafter reports no "
+                        "proposal distribution; lossless)",
+    ARGMAX_AGAINST_ARGMAX: "argmax-against-argmax (target argmax; not a sample above temperature 0)",
+}
+
+STOCHASTIC_ACCEPT_ENV = "MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT"
+_ON = frozenset({"1", "true", "yes", "on"})
+_OFF = frozenset({"", "0", "false", "no", "off"})
+
+# Streams of random_keys.position_key: 0 is the emitted-token draw shared with plain decoding.
+ACCEPT_STREAM = 1
+RESIDUAL_STREAM = 2
+
+
+def parse_switch(name: str, value: str | None) -> bool:
+    """An on/off environment value: 1/true/yes/on or 0/false/no/off (any case); unset is off."""
+    text = (value or "").strip().lower()
+    if text in _ON:
+        return True
+    if text in _OFF:
+        return False
+    raise MlxcelError(f"{name}={value!r} is not a switch; use 1/true/yes/on or 0/false/no/off")
+
+
+def stochastic_accept_enabled(override: bool | None = None, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether modified rejection sampling was asked for: a programmatic ``override`` wins,
+    otherwise ``MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT``."""
+    if override is not None:
+        return bool(override)
+    env = os.environ if environ is None else environ
+    return parse_switch(STOCHASTIC_ACCEPT_ENV, env.get(STOCHASTIC_ACCEPT_ENV))
+
+
+def select_rule(
+    params: SamplerParams,
+    *,
+    has_proposal_distribution: bool,
+    deterministic_proposals: bool = False,
+    argmax_verify: bool = False,
+    stochastic: bool | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """The rule id a request runs under.
+
+    Greedy samplers get ``greedy-argmax`` first, so no distribution is ever built for them.
+    ``argmax_verify`` marks drafters verified against the target argmax by default (the
+    model-based drafters); with the stochastic opt-in and a ``q`` they run modified rejection
+    sampling instead.
+    A drafter with ``deterministic_proposals`` (q one-hot, e.g. prompt lookup) always runs
+    sampler-match: there both rules accept with probability p(d), so there is nothing to opt into.
+    """
+    if params.greedy:
+        return GREEDY_ARGMAX
+    if argmax_verify:
+        # Model-based drafters report q, so the opt-in makes them lossless; without it they keep
+        # the reference system's argmax rule (the greedy stream, reported as such).
+        if has_proposal_distribution and stochastic_accept_enabled(stochastic, environ):
+            return STOCHASTIC
+        return ARGMAX_AGAINST_ARGMAX
+    if deterministic_proposals:
+        return SAMPLER_MATCH
+    if stochastic_accept_enabled(stochastic, environ):
+        return STOCHASTIC if has_proposal_distribution else SAMPLER_MATCH_NO_Q
+    return SAMPLER_MATCH
+
+
+@dataclass(frozen=True)
+class ChainOutcome:
+    """What a rule decided for one drafted block."""
+
+    accepted: int  # drafts accepted, a prefix of the block
+    emitted: list[int]  # drafts[:accepted] + one target token
+    tested: int  # drafted positions the rule actually examined
+
+    @property
+    def fully_accepted(self) -> bool:
+        return self.tested == self.accepted
+
+
+def walk_chain(choices: Sequence[int], drafts: Sequence[int]) -> ChainOutcome:
+    """Greedy, sampler-match and argmax-against-argmax: accept while each draft equals the
+    target's choice at its position (``choices`` has one more entry than ``drafts``, the bonus
+    position) and emit the target's choice where they part."""
+    if len(choices) != len(drafts) + 1:
+        raise ValueError(f"need {len(drafts) + 1} target choices for {len(drafts)} drafts, got {len(choices)}")
+    n = 0
+    while n < len(drafts) and int(drafts[n]) == int(choices[n]):
+        n += 1
+    tested = n + 1 if n < len(drafts) else n
+    return ChainOutcome(n, [int(t) for t in drafts[:n]] + [int(choices[n])], tested)
+
+
+def residual_distribution(p_row: mx.array, q_row: mx.array) -> mx.array:
+    """``normalize(relu(p - q))``: what a rejected position emits from. Falls back to ``p`` in
+    the float-only corner where the residual has no mass (then p == q and rejection cannot
+    happen in exact arithmetic)."""
+    r = mx.maximum(p_row - q_row, 0.0)
+    total = r.sum()
+    return mx.where(total > 0, r / mx.maximum(total, 1e-30), p_row)
+
+
+def rejection_sample(
+    p: mx.array,
+    q: mx.array,
+    drafts: Sequence[int],
+    *,
+    seed: int,
+    first_position: int,
+) -> ChainOutcome:
+    """Modified rejection sampling over one block.
+
+    ``p``: ``[K + 1, V]`` target rows (the last is the bonus position); ``q``: ``[K, V]`` rows the
+    drafts were drawn from; row ``i`` is absolute position ``first_position + i``. The accept
+    uniform and the residual draw use their own key streams, the bonus uses the emitted-token
+    stream. A draft the target gives probability 0 is never accepted (``u * q <= 0`` could hold
+    at u == 0), so nothing outside p's support is ever emitted.
+    """
+    k = len(drafts)
+    if p.shape[0] != k + 1 or q.shape[0] != k:
+        raise ValueError(f"rejection_sample: p rows {p.shape[0]}, q rows {q.shape[0]}, drafts {k}")
+    if k:
+        idx = mx.array([int(d) for d in drafts])
+        rows = mx.arange(k)
+        p_d = p[rows, idx]
+        q_d = q[rows, idx]
+        u = mx.stack([mx.random.uniform(key=position_key(seed, first_position + i, ACCEPT_STREAM)) for i in range(k)])
+        accept = ((u * q_d <= p_d) & (p_d > 0)).tolist()
+    else:
+        accept = []
+    for i, ok in enumerate(accept):
+        if not ok:
+            key = position_key(seed, first_position + i, RESIDUAL_STREAM)
+            token = sample(residual_distribution(p[i], q[i]), key)
+            return ChainOutcome(i, [int(t) for t in drafts[:i]] + [token], i + 1)
+    bonus = sample(p[k], position_key(seed, first_position + k))
+    return ChainOutcome(k, [int(t) for t in drafts] + [bonus], k)
+
+
+def closed_forms(p: mx.array, q: mx.array) -> tuple[mx.array, mx.array]:
+    """Per row: ``sum_x min(p, q)`` (what rejection sampling accepts at) and ``sum_x p * q``
+    (what sampler-match accepts at). Rows of equal count."""
+    return mx.minimum(p, q).sum(axis=-1), (p * q).sum(axis=-1)
+
+
+def one_hot_rows(tokens: Sequence[int], vocab_size: int) -> mx.array:
+    """``[len(tokens), V]`` point masses: the q of a deterministic proposal."""
+    return (mx.arange(vocab_size)[None, :] == mx.array([int(t) for t in tokens])[:, None]).astype(mx.float32)

@@ -1,0 +1,131 @@
+"""Is scoring a block of ``w`` tokens in one forward bit-identical to ``w`` one-token forwards?
+
+A verify round scores ``[pending, d_0, ..., d_{k-1}]`` in one forward of width ``w = k + 1``,
+while plain decoding scores one token at a time. Mathematically the rows are the same; in
+floating point they need not be: the width selects different matmul kernels, reduction orders
+and attention masks (on this project's CPU build, f32 with OpenBLAS, widths 3 and up already
+differ in the last bits on the tiny test models; on a GPU with quantized weights the width picks
+the quantized-matmul kernel). "Temperature 0 is exactly greedy target decoding" therefore holds
+for a block path only where the two agree bitwise, and this module checks that before a
+model-based round loop (DFlash, DSpark, Muse Glimmer assistant, MTP) scores blocks in one
+forward.
+
+The probe, per (model, width): on a few synthetic draws (seeded random contexts and blocks), run
+the same context into two fresh caches, then the block in one forward into one and token by
+token into the other, and compare the logits bitwise. When the target has sliding-window
+(rotating) caches the first draw's context is longer than the largest window, so the comparison
+covers the wrapped-window case too (the other draws stay short: a probe runs once per width, but
+on a 2048-token window every long draw is two long prefills). The verdict is memoized per (model, width); a failing verdict is logged
+once, and the round loop then verifies drafted blocks token by token ("chain decoding"), which
+is exact by construction.
+
+``MLXCEL_EXACTNESS_PROBE`` injects a verdict instead (for tests and measurement): ``auto``
+(default: run the probe), ``pass`` (treat every width as exact: block verify), ``fail`` (treat
+every width as inexact: chain verify).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
+
+from mlxcel.engine.errors import MlxcelError
+
+log = logging.getLogger(__name__)
+
+PROBE_ENV = "MLXCEL_EXACTNESS_PROBE"
+PROBE_MODES = ("auto", "pass", "fail")
+PROBE_DRAWS = 3
+_BASE_CONTEXT = 11  # context length of the first draw when no window has to be passed
+
+
+@dataclass(frozen=True)
+class ProbeVerdict:
+    width: int
+    exact: bool
+    max_abs_diff: float  # the largest |block - chain| logit difference seen (0.0 when exact)
+    draws: int
+    source: str  # "probe" or "env"
+
+    def describe(self) -> str:
+        if self.source == "env":
+            return f"width {self.width}: {'block' if self.exact else 'chain'} verify forced by {PROBE_ENV}"
+        if self.exact:
+            return f"width {self.width}: a block forward equals one-token forwards bitwise ({self.draws} draws)"
+        return (f"width {self.width}: a block forward differs from one-token forwards (max |diff| "
+                f"{self.max_abs_diff:.3g} over {self.draws} draws)")
+
+
+_verdicts: dict[tuple[int, int], tuple[Any, ProbeVerdict]] = {}
+
+
+def probe_mode(environ: Mapping[str, str] | None = None) -> str:
+    env = os.environ if environ is None else environ
+    mode = (env.get(PROBE_ENV) or "auto").strip().lower()
+    if mode not in PROBE_MODES:
+        raise MlxcelError(f"{PROBE_ENV}={mode!r}: choose one of {', '.join(PROBE_MODES)}")
+    return mode
+
+
+def _window(cache: list[Any]) -> int:
+    """The largest sliding window among the cache's layers (0 when none rotates)."""
+    return max((int(c.max_size) for c in cache if isinstance(c, RotatingKVCache)), default=0)
+
+
+def probe(model: Any, width: int, *, vocab_size: int, draws: int = PROBE_DRAWS,
+          make_cache: Callable[[], list[Any]] | None = None, seed: int = 0) -> ProbeVerdict:
+    """Run the comparison now (no memo) and return the verdict."""
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    make_cache = make_cache or (lambda: make_prompt_cache(model))
+    window = _window(make_cache())
+    worst = 0.0
+    exact = True
+    for draw in range(draws):
+        n_ctx = window + 3 if (window and draw == 0) else _BASE_CONTEXT + 5 * draw
+        key = mx.random.key(seed * 1009 + draw * 7919 + width)
+        tokens = mx.random.randint(0, vocab_size, (n_ctx + width,), key=key).tolist()
+        context, block = tokens[:n_ctx], tokens[n_ctx:]
+        one, chain = make_cache(), make_cache()
+        model(mx.array([context]), cache=one)
+        model(mx.array([context]), cache=chain)
+        together = model(mx.array([block]), cache=one)[0]
+        apart = mx.concatenate([model(mx.array([[t]]), cache=chain)[0] for t in block], axis=0)
+        same = bool(mx.array_equal(together, apart).item())
+        if not same:
+            exact = False
+            worst = max(worst, float(mx.abs(together.astype(mx.float32) - apart.astype(mx.float32)).max().item()))
+    return ProbeVerdict(width, exact, worst, draws, "probe")
+
+
+def block_verdict(model: Any, width: int, *, vocab_size: int, make_cache: Callable[[], list[Any]] | None = None,
+                  environ: Mapping[str, str] | None = None) -> ProbeVerdict:
+    """The memoized verdict for (``model``, ``width``); the first failing verdict per pair is
+    logged (a warning: this path verifies token by token from now on)."""
+    mode = probe_mode(environ)
+    if mode != "auto":
+        return ProbeVerdict(width, mode == "pass", 0.0, 0, "env")
+    key = (id(model), int(width))
+    hit = _verdicts.get(key)
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    verdict = probe(model, width, vocab_size=vocab_size, make_cache=make_cache)
+    _verdicts[key] = (model, verdict)  # the model is held so its id cannot be reused
+    if verdict.exact:
+        log.info("Exactness probe: %s; drafted blocks are verified in one forward", verdict.describe())
+    else:
+        log.warning("Exactness probe: %s; falling back to chain decoding (drafted tokens verified one "
+                    "forward at a time, exactly as plain decoding scores them)", verdict.describe())
+    return verdict
+
+
+def forget(model: Any | None = None) -> None:
+    """Drop memoized verdicts (of one model, or all)."""
+    for key in [k for k, (m, _) in _verdicts.items() if model is None or m is model]:
+        del _verdicts[key]

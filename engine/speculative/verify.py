@@ -1,0 +1,238 @@
+"""One speculative verify round: draft a block, run the target once over it, accept a prefix,
+rewind every cache to what was emitted.
+
+The state between rounds is the token ``sequence`` (prompt + everything emitted) and the
+target's KV cache, which always holds ``sequence[:-1]``: the last emitted token is *pending*,
+not yet forwarded. A round
+
+1. asks the drafter for up to ``k`` drafts ``d_0..d_{k-1}`` to follow ``sequence``;
+2. runs the target once over ``[pending, d_0, ..., d_{k-1}]``: row ``i`` of the logits is the
+   target's prediction for absolute position ``len(sequence) + i`` given ``sequence + d[:i]``;
+3. turns every row into the target's choice or distribution with the request's sampler chain,
+   each row seeing the history as it would be had the drafts before it been emitted
+   (``appended=drafts``), with randomness keyed by absolute position;
+4. lets the acceptance rule pick the accepted prefix and the one extra target token;
+5. rewinds the target cache by the rejected drafts (it then holds ``new_sequence[:-1]``) and
+   tells the drafter, which rewinds its own state.
+
+Model-based drafters (``engine.speculative.drafter.ModelDrafter``: DFlash, DSpark, Muse Glimmer assistant,
+MTP) condition on the target's hidden states. For them step 2 also returns those
+(``target_features``), step 5 hands the drafter the rows of the tokens the target kept (the
+pending token and the accepted drafts), and the exactness probe (``exactness_probe``) decides
+whether step 2 is one forward over the block or, where a block forward is not bit-identical to
+one-token forwards, one forward per token ("chain decoding", exact by construction). Their
+default rule is argmax-against-argmax (``acceptance.select_rule``); because they report ``q``,
+modified rejection sampling is available to them as an opt-in. ``RoundResult.logits`` carries
+the target rows the rule read, so any rule (or a diagnostic) can run on them.
+
+A round with ``k == 0`` (or a drafter with nothing to propose) is exactly one plain decode step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import mlx.core as mx
+
+from mlxcel.engine.speculative.acceptance import (
+    ACCEPT_STREAM,
+    ARGMAX_AGAINST_ARGMAX,
+    GREEDY_ARGMAX,
+    RESIDUAL_STREAM,
+    SAMPLER_MATCH,
+    SAMPLER_MATCH_NO_Q,
+    STOCHASTIC,
+    ChainOutcome,
+    closed_forms,
+    one_hot_rows,
+    rejection_sample,
+    residual_distribution,
+    walk_chain,
+)
+from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.engine.speculative.exactness_probe import block_verdict
+from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.sampling.random_keys import position_key
+from mlxcel.engine.sampling.chain import SamplerChain, sample
+from mlxcel.engine.speculative.target_features import TargetFeatures, forward_with_features
+
+
+@dataclass
+class RoundResult:
+    """What one verify round did."""
+
+    emitted: list[int]  # accepted drafts + one target token
+    proposed: int  # drafts in the block
+    accepted: int
+    tested: int  # drafted positions the rule examined (a chain stops at its first rejection)
+    sum_min: float = 0.0  # sums over the tested positions (only with diagnostics)
+    sum_prod: float = 0.0
+    diagnosed: int = 0  # tested positions the two sums cover
+    chain_verified: bool = False  # the block was scored one forward per token (the probe failed)
+    logits: mx.array | None = None  # the target rows the rule read, [rows, V] (row i: position + i)
+
+
+def verify_round(
+    model: Any,
+    cache: list[Any],
+    chain: SamplerChain,
+    drafter: Any,
+    sequence: Sequence[int],
+    *,
+    rule: str,
+    k: int,
+    seed: int,
+    diagnostics: bool = False,
+    block_exact: bool | None = None,
+) -> RoundResult:
+    """Run one round for ``sequence`` (whose last token is pending) and return what it emitted.
+
+    ``model`` is the target's mlx-lm module, ``cache`` its KV cache holding ``sequence[:-1]``.
+    The caller appends ``result.emitted`` to its sequence.
+
+    A model-based drafter (``wants_features``) gets the target's hidden states: the forward goes
+    through ``target_features`` and, after the rewind, the drafter is handed the rows of the
+    tokens the cache kept. Whether the block is scored in one forward or token by token is
+    ``block_exact``; None asks the exactness probe when the drafter is ``probe_gated`` (and means
+    one forward otherwise)."""
+    proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
+    drafts = [int(t) for t in proposal.tokens]
+    if len(drafts) > k:
+        raise ValueError(f"the drafter proposed {len(drafts)} tokens for a block of {k}")
+    position = len(sequence)
+    layers = tuple(drafter.feature_layers) if getattr(drafter, "wants_features", False) else None
+    block = [int(sequence[-1]), *drafts]
+    if block_exact is None:
+        block_exact = True
+        if drafts and getattr(drafter, "probe_gated", False):
+            # every width this drafter may verify at must clear the probe (ModelDrafter.probe_widths)
+            widths = sorted({len(block), *drafter.probe_widths(k)})
+            block_exact = all(block_verdict(model, w, vocab_size=chain.vocab_size).exact for w in widths)
+
+    if block_exact or not drafts:
+        features = _forward(model, block, cache, layers)
+        logits = features.logits
+        outcome, p = _decide(rule, chain, logits, sequence, drafts, proposal.q, seed, position)
+        forwarded = len(block)
+    else:
+        outcome, p, features, forwarded = _chain_verify(model, cache, chain, rule, sequence, drafts, proposal.q,
+                                                        seed, position, layers)
+        logits = features.logits
+
+    result = RoundResult(outcome.emitted, len(drafts), outcome.accepted, outcome.tested if drafts else 0,
+                         chain_verified=not block_exact and bool(drafts), logits=logits)
+    if diagnostics and result.tested:
+        _diagnose(result, rule, chain, logits, sequence, drafts, p, proposal.q, drafter, seed, position, outcome)
+
+    kept = outcome.accepted + 1  # the pending token and the accepted drafts
+    rewind(cache, forwarded - kept)
+    if layers is not None:
+        drafter.observe_target(features.rows(0, kept))
+    drafter.observe([*sequence, *outcome.emitted], proposal, outcome.accepted)
+    return result
+
+
+def _forward(model: Any, tokens: list[int], cache: list[Any], layers: tuple[int, ...] | None) -> TargetFeatures:
+    if layers is None:
+        return TargetFeatures(model(mx.array([tokens]), cache=cache)[0])
+    return forward_with_features(model, tokens, cache, layers)
+
+
+def _decide(rule, chain, logits, sequence, drafts, q, seed, position):
+    """The acceptance rule over a scored block: (outcome, p or None)."""
+    vocab = logits.shape[-1]
+    p = None
+    if rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
+        # The very call plain decoding makes, one row per position: same choice, same key.
+        outcome = walk_chain(chain.select(logits, sequence, drafts, seed, position), drafts)
+    elif rule == ARGMAX_AGAINST_ARGMAX:
+        choices = chain.adjusted_logits(logits, sequence, drafts).argmax(axis=-1).tolist()
+        outcome = walk_chain(choices, drafts)
+    elif rule == STOCHASTIC:
+        p = chain.distribution(logits, sequence, drafts, seed, position)
+        if drafts and q is None:
+            raise ValueError("the stochastic rule needs the drafter's proposal distribution q")
+        q_rows = _align(q, vocab) if drafts else mx.zeros((0, vocab))
+        outcome = rejection_sample(p, q_rows, drafts, seed=seed, first_position=position)
+    else:
+        raise ValueError(f"unknown acceptance rule {rule!r}")
+    return outcome, p
+
+
+def _chain_verify(model, cache, chain, rule, sequence, drafts, q, seed, position, layers):
+    """Score the block one forward per token (what plain decoding computes, bit for bit), deciding
+    each draft as soon as its row exists and stopping at the first rejection, so nothing past the
+    emitted sequence is ever forwarded (no rewind; this works on any cache, a wrapped sliding
+    window included). Every decision is the one the block path makes for that row: the same
+    history, the same position keys. Returns (outcome, None, features of the rows, rows)."""
+    history = [int(t) for t in sequence]
+    block = [int(sequence[-1]), *drafts]
+    parts: list[TargetFeatures] = []
+    for i, token in enumerate(block):
+        part = _forward(model, [token], cache, layers)
+        parts.append(part)
+        draft = drafts[i] if i < len(drafts) else None
+        q_row = q[i] if (q is not None and draft is not None) else None
+        accepted, emit = _row_verdict(rule, chain, part.logits, history, draft, q_row, seed, position + i)
+        if not accepted:
+            outcome = ChainOutcome(i, drafts[:i] + [int(emit)], min(i + 1, len(drafts)))
+            return outcome, None, TargetFeatures.join(parts), len(parts)
+        history.append(int(draft))
+    raise AssertionError("unreachable: the bonus row always ends the round")
+
+
+def _row_verdict(rule, chain, row, history, draft, q_row, seed, position):
+    """One row of a chain-verified block: (draft accepted?, the token to emit if the round ends
+    here). ``draft`` None is the bonus row. Row for row the block rules' decisions."""
+    if rule == STOCHASTIC:
+        p = chain.distribution(row, history, (), seed, position)[0]
+        if draft is None:
+            return False, sample(p, position_key(seed, position))
+        if q_row is None:
+            raise ValueError("the stochastic rule needs the drafter's proposal distribution q")
+        q_row = _align(q_row[None], p.shape[-1])[0]
+        u = mx.random.uniform(key=position_key(seed, position, ACCEPT_STREAM))
+        p_d, q_d = p[draft], q_row[draft]
+        if bool(((u * q_d <= p_d) & (p_d > 0)).item()):
+            return True, None
+        return False, sample(residual_distribution(p, q_row), position_key(seed, position, RESIDUAL_STREAM))
+    if rule == ARGMAX_AGAINST_ARGMAX:
+        choice = int(chain.adjusted_logits(row, history).argmax(axis=-1).item())
+    elif rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
+        choice = chain.select(row, history, (), seed, position)[0]
+    else:
+        raise ValueError(f"unknown acceptance rule {rule!r}")
+    return (draft is not None and choice == draft), choice
+
+
+def _align(q: mx.array, vocab: int) -> mx.array:
+    """The drafter's rows on the target's vocabulary (a drafter may pad its head differently)."""
+    width = q.shape[-1]
+    if width == vocab:
+        return q
+    if width > vocab:
+        return q[:, :vocab]
+    return mx.concatenate([q, mx.zeros((q.shape[0], vocab - width), dtype=q.dtype)], axis=-1)
+
+
+def _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter, seed, position, outcome) -> None:
+    """Fill the closed forms ``sum_x min(p, q)`` / ``sum_x p q`` over the tested positions."""
+    n = result.tested
+    vocab = logits.shape[-1]
+    if rule == GREEDY_ARGMAX or (rule == ARGMAX_AGAINST_ARGMAX and chain.greedy):
+        # Point masses on both sides: both forms are 1 exactly where the draft is the argmax.
+        result.sum_min = result.sum_prod = float(outcome.accepted)
+        result.diagnosed = n
+        return
+    if q is None and getattr(drafter, "deterministic", False):
+        q = one_hot_rows(drafts, vocab)
+    if q is None:
+        return  # no q: the closed forms are unknowable
+    if p is None:
+        p = chain.distribution(logits, sequence, drafts[: logits.shape[0] - 1], seed, position)
+    smin, sprod = closed_forms(p[:n], _align(q, vocab)[:n])
+    result.sum_min = float(smin.sum().item())
+    result.sum_prod = float(sprod.sum().item())
+    result.diagnosed = n

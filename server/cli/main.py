@@ -1,0 +1,111 @@
+"""The console entry points: ``mlxcel {generate,serve}`` and ``mlxcel-server``.
+
+Each one first re-executes the process with OpenBLAS preloaded on a Linux CPU (see
+``engine/platform/device.py``), then imports the command it runs. Bad input ends in one ``error: ...``
+line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+
+class CliArgumentParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one ``error:`` line pointing at ``--help``."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+
+
+def _prepare_process() -> None:
+    from mlxcel.engine.platform.device import reexec_with_fast_blas
+
+    reexec_with_fast_blas()
+    from mlxcel.engine.platform.logging_setup import setup_logging_from_env
+
+    setup_logging_from_env()
+
+
+def run_command(command: Callable[[list[str]], int | None], argv: list[str]) -> int:
+    """Run one subcommand, turning mlxcel's input errors into an ``error:`` line."""
+    from mlxcel.engine.errors import MlxcelError
+
+    try:
+        return int(command(argv) or 0)
+    except MlxcelError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # `mlxcel generate ... | head`
+        return 0
+
+
+def _generate(argv: list[str]) -> int:
+    from mlxcel.server.cli.generate import main
+
+    return main(argv)
+
+
+def _serve(argv: list[str]) -> int:
+    try:
+        from mlxcel.server.cli.serve import main
+    except ModuleNotFoundError as exc:
+        if exc.name != "mlxcel.server.cli.serve":
+            raise
+        print("error: `mlxcel serve` is not available in this installation", file=sys.stderr)
+        return EXIT_ERROR
+    return main(argv)
+
+
+COMMANDS: dict[str, tuple[Callable[[list[str]], int], str]] = {
+    "generate": (_generate, "generate text from a prompt on the command line"),
+    "serve": (_serve, "run the llama-server compatible HTTP server (same flags as mlxcel-server)"),
+}
+
+
+def _top_parser() -> CliArgumentParser:
+    parser = CliArgumentParser(
+        prog="mlxcel",
+        description="MLX inference with exact speculative decoding; a drop-in llama-server replacement.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        _top_parser().print_help()
+        return 0 if argv else EXIT_USAGE
+    if argv[0] == "--version":
+        from importlib.metadata import version
+
+        print(f"mlxcel {version('mlxcel')}")
+        return 0
+    if argv[0] not in COMMANDS:
+        _top_parser().error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}")
+    _prepare_process()
+    command, _ = COMMANDS[argv[0]]
+    return run_command(command, argv[1:])
+
+
+def server_main(argv: Sequence[str] | None = None) -> int:
+    """``mlxcel-server``: the same as ``mlxcel serve``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _prepare_process()
+    return run_command(_serve, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""API keys (``--api-key K1,K2``, ``--api-key-file``): which routes need one and whether a request
+carries a valid one.
+
+As upstream: the key comes as ``Authorization: Bearer <key>`` (or the ``X-Api-Key`` header that
+Anthropic-style clients send); ``/health``, ``/v1/health``, ``/models``, ``/v1/models`` and ``/``
+stay public; a missing or wrong key is 401 ``{"error": {"code": 401, "message": "Invalid API Key",
+"type": "authentication_error"}}``. Keys are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from mlxcel.server.runtime.errors import ApiError
+
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/"})
+
+
+def invalid_key() -> ApiError:
+    return ApiError("Invalid API Key", "authentication_error")
+
+
+class ApiKeys:
+    def __init__(self, keys: list[str]):
+        self.keys = [k.encode("utf-8") for k in keys]
+
+    def __bool__(self) -> bool:
+        return bool(self.keys)
+
+    def needed(self, path: str) -> bool:
+        return bool(self.keys) and path not in PUBLIC_PATHS
+
+    def valid(self, headers) -> bool:
+        """``headers``: the ASGI scope's list of (lower-case name, value) byte pairs."""
+        given = None
+        for name, value in headers:
+            if name == b"authorization" and value[:7].lower() == b"bearer ":
+                given = value[7:].strip()
+                break
+            if name == b"x-api-key" and given is None:
+                given = value.strip()
+        if given is None:
+            return False
+        ok = False
+        for key in self.keys:  # no early exit: the time taken does not say which key was near
+            ok |= hmac.compare_digest(key, given)
+        return ok

@@ -1,0 +1,266 @@
+"""A validated request -> :class:`GenerationOptions`: server defaults overridden by the request's
+fields, upstream's range checks, and explicit refusals of what mlxcel does not implement
+(grammars and JSON schemas, mirostat, top-n-sigma, dynamic temperature, adaptive-p, LoRA, custom
+sampler orders).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.server.cli.args import ServerConfig, parse_logit_bias_flag
+from mlxcel.server.runtime.errors import invalid
+from mlxcel.server.http.limits import check_stops
+from mlxcel.server.http.prompts import tokenize_text
+from mlxcel.server.http.schema import INT_MAX, SamplingFields, check_range
+from mlxcel.server.runtime.task import GenerationOptions
+
+DEFAULT_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
+_SAMPLER_ALIASES = {
+    "penalties": "penalties", "dry": "dry", "top_n_sigma": "top_n_sigma", "top-n-sigma": "top_n_sigma",
+    "top_k": "top_k", "top-k": "top_k", "typ_p": "typ_p", "typical_p": "typ_p", "typ-p": "typ_p",
+    "typical-p": "typ_p", "typical": "typ_p", "top_p": "top_p", "top-p": "top_p", "nucleus": "top_p",
+    "min_p": "min_p", "min-p": "min_p", "xtc": "xtc", "temperature": "temperature", "temp": "temperature",
+}
+_SAMPLER_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                  "m": "min_p", "x": "xtc", "t": "temperature"}
+UNSUPPORTED = "is not supported by mlxcel (there is no {what} in its sampler chain)"
+NO_GRAMMAR = ("grammar-constrained generation ({field}) is not supported by mlxcel: it has no grammar engine; "
+              "remove the field, or constrain the output with a stop string or a prompt instead")
+
+
+# SamplerParams fields that both the command line (build_defaults) and a request set by name
+SAMPLER_SCALARS = ("temperature", "top_k", "top_p", "min_p", "typical_p", "xtc_probability", "xtc_threshold",
+                   "repeat_last_n", "repeat_penalty", "presence_penalty", "frequency_penalty", "dry_multiplier",
+                   "dry_base", "dry_allowed_length", "dry_penalty_last_n", "ignore_eos")
+
+
+@dataclass
+class ServerDefaults:
+    """What the command line sets for every request."""
+
+    sampler: SamplerParams = field(default_factory=SamplerParams)
+    seed: int = -1
+    n_predict: int = -1
+    samplers: list[str] = field(default_factory=lambda: list(DEFAULT_SAMPLERS))
+    cache_prompt: bool = True
+    n_slots: int = 4
+    # upstream's generation_settings["speculative.types"]: "none", or "none,<spec type>" on a drafting server
+    speculative_types: str = "none"
+
+
+def _sampler_fields() -> set[str]:
+    return {f.name for f in dataclasses.fields(SamplerParams)}
+
+
+# A stage left out of ``samplers`` runs with the parameter values that make it a no-op.
+STAGE_OFF = {
+    "penalties": {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0},
+    "dry": {"dry_multiplier": 0.0},
+    "top_k": {"top_k": 0},
+    "typ_p": {"typical_p": 1.0},
+    "top_p": {"top_p": 1.0},
+    "min_p": {"min_p": 0.0},
+    "xtc": {"xtc_probability": 0.0},
+}
+
+
+def parse_samplers(value: str | list[str] | None) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        names = []
+        for ch in value:
+            if ch not in _SAMPLER_CHARS:
+                raise invalid(f"Field 'samplers': unknown sampler character {ch!r}")
+            names.append(_SAMPLER_CHARS[ch])
+        return names
+    names = []
+    for name in value:
+        canonical = _SAMPLER_ALIASES.get(name.lower())
+        if canonical is None:
+            raise invalid(f"Field 'samplers': unknown sampler {name!r}")
+        names.append(canonical)
+    return names
+
+
+def apply_sampler_order(params: dict, samplers: list[str]) -> None:
+    """Honour a ``samplers`` list that keeps the default order: stages left out are disabled.
+    Any other order is refused (the chain's order is fixed)."""
+    positions = [DEFAULT_SAMPLERS.index(s) for s in samplers]
+    if positions != sorted(positions) or len(set(positions)) != len(positions):
+        raise invalid("Field 'samplers': mlxcel's sampler chain has a fixed order (" + ";".join(DEFAULT_SAMPLERS)
+                      + "); a custom order is not supported, only leaving stages out")
+    present = set(samplers)
+    for stage, neutral in STAGE_OFF.items():
+        if stage not in present:
+            params.update(neutral)
+    if "temperature" not in present and params.get("temperature", 1.0) > 0:
+        params["temperature"] = 1.0
+
+
+def build_defaults(config: ServerConfig) -> ServerDefaults:
+    """Per-request defaults from the command line (validated like a request would be)."""
+    known = _sampler_fields()
+    params = {name: getattr(config, name) for name in SAMPLER_SCALARS if name in known}
+    if config.dry_sequence_breaker and "dry_sequence_breakers" in known:
+        breakers = [] if config.dry_sequence_breaker == ["none"] else config.dry_sequence_breaker
+        params["dry_sequence_breakers"] = tuple(breakers)
+    bias = parse_logit_bias_flag(config.logit_bias)
+    if bias and "logit_bias" in known:
+        params["logit_bias"] = bias
+    samplers = list(DEFAULT_SAMPLERS)
+    spec = config.samplers.split(";") if config.samplers else config.sampler_seq
+    if spec:
+        samplers = parse_samplers(spec)
+        apply_sampler_order(params, samplers)
+    if "seed" in known:
+        params["seed"] = config.seed
+    return ServerDefaults(sampler=SamplerParams(**params), seed=config.seed, n_predict=config.n_predict,
+                          samplers=samplers, cache_prompt=config.cache_prompt, n_slots=config.n_slots)
+
+
+def parse_logit_bias(value: Any, tokenizer, vocab_size: int) -> dict[int, float]:
+    """``[[id, bias]]``, ``[[text, bias]]`` (every token of the text) and OpenAI's ``{"id": bias}``
+    (keys may also be text); a bias of ``false`` bans the token."""
+    if value is None:
+        return {}
+    if isinstance(value, dict):
+        items = list(value.items())
+    elif isinstance(value, list):
+        items = []
+        for entry in value:
+            if not isinstance(entry, list) or len(entry) != 2:
+                raise invalid("Field 'logit_bias': entries must be [token, bias] pairs")
+            items.append((entry[0], entry[1]))
+    else:
+        raise invalid("Field 'logit_bias': must be an array of [token, bias] pairs or an object")
+    out: dict[int, float] = {}
+    for key, bias in items:
+        if bias is False:
+            b = -math.inf
+        elif isinstance(bias, (int, float)) and not isinstance(bias, bool):
+            b = float(bias)
+        else:
+            raise invalid("Field 'logit_bias': a bias must be a number or false")
+        if isinstance(key, bool):
+            raise invalid("Field 'logit_bias': a token must be an id or a string")
+        if isinstance(key, int):
+            ids = [key]
+        elif isinstance(key, str):
+            digits = key[1:] if key.startswith("-") else key
+            ids = [int(key)] if digits.isascii() and digits.isdigit() else tokenize_text(tokenizer, key,
+                                                                                         add_special=False)
+        else:
+            raise invalid("Field 'logit_bias': a token must be an id or a string")
+        for t in ids:
+            if 0 <= t < vocab_size:
+                out[t] = b
+    return out
+
+
+def check_unsupported(req: SamplingFields) -> None:
+    if req.grammar:
+        raise invalid(NO_GRAMMAR.format(field="grammar"))
+    if req.json_schema is not None:
+        raise invalid(NO_GRAMMAR.format(field="json_schema"))
+    fmt = req.response_format
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise invalid(f'response_format type must be one of "text" or "json_object", but got: {kind}')
+        if kind != "text":
+            raise invalid(NO_GRAMMAR.format(field=f"response_format {kind}"))
+    if req.mirostat:
+        raise invalid("Field 'mirostat': " + UNSUPPORTED.format(what="mirostat sampler"))
+    if req.top_n_sigma is not None and req.top_n_sigma > 0:
+        raise invalid("Field 'top_n_sigma': " + UNSUPPORTED.format(what="top-n-sigma stage"))
+    if req.dynatemp_range is not None and req.dynatemp_range > 0:
+        raise invalid("Field 'dynatemp_range': " + UNSUPPORTED.format(what="dynamic temperature"))
+    if req.adaptive_target is not None and req.adaptive_target >= 0:
+        raise invalid("Field 'adaptive_target': " + UNSUPPORTED.format(what="adaptive-p stage"))
+    lora = req.lora
+    if lora is not None:
+        if not isinstance(lora, list) or not all(isinstance(x, dict) and "id" in x and "scale" in x for x in lora):
+            raise invalid("Field 'lora': Error: 'lora' must be an array of objects with 'id' and 'scale' fields")
+        if lora:
+            raise invalid(f"Field 'lora': no LoRA adapter with id {lora[0]['id']} is loaded")
+
+
+def cap_n_predict(n_predict: int, server_n_predict: int) -> int:
+    """Upstream caps a request's ``n_predict`` at a positive ``-n``; here "until the context is
+    full" (-1) is capped too, so ``-n`` bounds every request's length."""
+    if server_n_predict > 0 and (n_predict < 0 or n_predict > server_n_predict):
+        return server_n_predict
+    return n_predict
+
+
+def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *, n_predict: int | None,
+                       n_probs: int = 0, stream: bool | None = None) -> GenerationOptions:
+    """Merge a request over the server defaults. ``n_predict`` is the route's resolved length
+    field (``n_predict``/``max_tokens``/``max_completion_tokens``); ``n_probs`` the route's
+    resolved probability count."""
+    check_unsupported(req)
+    check_range("n_predict", n_predict, -1, INT_MAX)
+    check_range("n_probs", n_probs, 0, 1024)
+    check_range("repeat_last_n", req.repeat_last_n, -1, INT_MAX)
+    check_range("dry_allowed_length", req.dry_allowed_length, 0, INT_MAX)
+    check_range("dry_penalty_last_n", req.dry_penalty_last_n, 0, INT_MAX)
+    check_range("top_k", req.top_k, -INT_MAX, INT_MAX)
+    check_range("speculative.n_max", req.speculative_n_max, 0, INT_MAX)
+    check_range("speculative.n_min", req.speculative_n_min, 0, INT_MAX)
+    if req.dry_sequence_breakers is not None and not req.dry_sequence_breakers:
+        raise invalid("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a non-empty array of strings")
+
+    known = _sampler_fields()
+    params = {f: getattr(defaults.sampler, f) for f in known}
+    for name in (*SAMPLER_SCALARS, "min_keep"):  # min_keep: a request field only
+        value = getattr(req, name, None)
+        if value is not None and name in known:
+            params[name] = value
+    # out-of-range probabilities mean "off" at the top end and are clamped, as upstream does
+    for name in ("top_p", "min_p", "typical_p", "xtc_probability", "xtc_threshold"):
+        if name in params:
+            params[name] = min(max(float(params[name]), 0.0), 1.0)
+    if req.dry_sequence_breakers is not None and "dry_sequence_breakers" in known:
+        params["dry_sequence_breakers"] = tuple(req.dry_sequence_breakers)
+    bias = parse_logit_bias(req.logit_bias, loaded.tokenizer, loaded.vocab_size)
+    if bias and "logit_bias" in known:
+        params["logit_bias"] = {**dict(params.get("logit_bias") or {}), **bias}
+    samplers = parse_samplers(req.samplers)
+    if samplers is not None:
+        apply_sampler_order(params, samplers)
+    seed = req.seed if req.seed is not None else defaults.seed
+    if "seed" in known:
+        params["seed"] = seed
+    stop = req.stop
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    check_stops(stops)
+    echo = {name: getattr(req, name) for name in ("n_keep", "n_discard", "mirostat_tau", "mirostat_eta",
+                                                  "dynatemp_exponent", "adaptive_decay") if getattr(req, name) is not None}
+    if bias:
+        echo["logit_bias"] = bias
+    return GenerationOptions(
+        sampler=SamplerParams(**params),
+        seed=seed,
+        n_predict=cap_n_predict(defaults.n_predict if n_predict is None else n_predict, defaults.n_predict),
+        stop=[s for s in stops if s],
+        n_probs=n_probs,
+        post_sampling_probs=bool(req.post_sampling_probs),
+        cache_prompt=defaults.cache_prompt if req.cache_prompt is None else req.cache_prompt,
+        id_slot=req.id_slot if req.id_slot is not None else -1,
+        return_tokens=bool(req.return_tokens),
+        return_progress=bool(req.return_progress),
+        timings_per_token=bool(req.timings_per_token),
+        stream=bool(req.stream) if stream is None else stream,
+        samplers=samplers if samplers is not None else list(defaults.samplers),
+        spec_n_max=req.speculative_n_max,
+        spec_n_min=req.speculative_n_min,
+        spec_stochastic=req.speculative_stochastic_accept,
+        speculative_types=defaults.speculative_types,
+        echo=echo,
+    )

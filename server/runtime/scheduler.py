@@ -1,0 +1,424 @@
+"""The scheduler: an asyncio front and the one engine thread that owns MLX.
+
+Every MLX call happens on the engine thread; the event loop only queues tasks and reads events, so
+it is never blocked by model work. The engine thread runs continuous batching over the slots:
+
+    loop:
+        take new tasks from the inbox (block only when there is nothing to do)
+        drop cancelled tasks (a client that went away frees its slot within one step); fail tasks
+            past --timeout, or every task once shutting down (begin_shutdown, on SIGTERM)
+        give waiting tasks free slots (reusing each slot's cached prompt prefix)
+        prefill: one chunk (<= --ubatch-size tokens) for each prefilling slot, <= --batch-size in all
+        decode: one batched forward for every plain decoding row, then each row samples with its own chain;
+                then one verify round for each speculating row
+
+A task whose prompt is fully prefilled samples its first token from the prefill logits and joins
+the decode batch before the next step, so new requests join between steps without waiting for the
+running ones to finish.
+
+Speculating rows (a server with a drafter, see ``speculation``) never join the decode batch: each
+keeps its own single-sequence cache, and each tick runs one ``engine.speculative.verify.verify_round`` on it
+(one target forward over ``[pending, drafts...]``, or a plain one-token step when its drafter has
+nothing worth verifying). Rejected drafts are rewound on that cache alone, which is exact; inside
+mlx-lm's batch caches a per-row rewind would mean rolling every row's whole KV history each round
+(measured: 15-55 ms per round on SmolLM2 here, as much as a forward). Plain rows therefore run
+exactly the batched forward they run on a server without a drafter, and nothing a speculating row
+does reaches another row's cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+
+from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
+from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
+from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.sampling.random_keys import resolve_seed
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.speculative.verify import verify_round
+from mlxcel.server.runtime.errors import ApiError, shutting_down, timed_out, unavailable
+from mlxcel.server.runtime.faults import FaultPlan, fail as inject_fault
+from mlxcel.server.runtime.metrics import Metrics
+from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
+from mlxcel.server.runtime.speculation import Speculation
+from mlxcel.server.runtime.task import Failed, Final, GenerationOptions, Task
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, loaded: LoadedModel, *, n_slots: int = 4, n_ctx: int = 0, n_batch: int = 2048,
+                 n_ubatch: int = 512, max_queue: int = 256, metrics: Metrics | None = None,
+                 slot_prompt_similarity: float = 0.1, speculation: Speculation | None = None,
+                 timeout: float = 0.0):
+        self.lm = loaded
+        self.speculation = speculation
+        self.n_ctx = n_ctx if n_ctx > 0 else loaded.context_length
+        self.slots = [Slot(i, self.n_ctx) for i in range(max(1, n_slots))]
+        self.n_batch = max(1, n_batch)
+        self.n_ubatch = max(1, min(n_ubatch, self.n_batch))
+        self.max_queue = max_queue
+        self.slot_prompt_similarity = slot_prompt_similarity
+        self.metrics = metrics or Metrics()
+        self.eos_ids = set(loaded.eos_token_ids)
+        self.vocab_size = loaded.vocab_size
+        self._inbox: queue.Queue[Task | None] = queue.Queue()
+        self._pending: deque[Task] = deque()
+        self._batch = DecodeBatch(loaded.model)
+        self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
+        self.faults = FaultPlan.from_env()
+        self._stopping = False
+        self._draining = False  # set from a signal handler: plain attribute writes only
+        self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
+
+    # -- front (event loop side) ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def begin_shutdown(self) -> None:
+        """Refuse new tasks and end every queued and running one with a "shutting down" error
+        (their streams get an error event and close). Safe to call from a signal handler: it
+        only sets a flag the engine thread reads each iteration."""
+        self._draining = True
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._inbox.put(None)
+        self._thread.join(timeout=10)
+
+    @property
+    def deferred(self) -> int:
+        """Tasks accepted but not yet in a slot."""
+        return self._inbox.qsize() + len(self._pending)
+
+    @property
+    def processing(self) -> int:
+        return sum(1 for s in self.slots if s.busy)
+
+    def submit(self, task: Task) -> None:
+        if self._stopping or self._draining:
+            raise shutting_down()
+        if self.deferred >= self.max_queue:
+            raise unavailable("the server is busy: too many requests are waiting; try again later")
+        self._inbox.put(task)
+
+    def open(self, prompt_tokens: list[int], options: GenerationOptions, index: int = 0,
+             t_arrival: float | None = None) -> TaskHandle:
+        """Queue a task now (503 at once when the queue is full) and return its handle; must be
+        called on the event loop."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+
+        def sink(event):
+            loop.call_soon_threadsafe(events.put_nowait, event)
+
+        task = Task(prompt_tokens=prompt_tokens, options=options, sink=sink, index=index)
+        if t_arrival is not None:
+            task.t_arrival = t_arrival
+        if self.timeout > 0:
+            task.deadline = task.t_arrival + self.timeout
+        self.submit(task)
+        return TaskHandle(task, events)
+
+    # -- engine thread ----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                self._iteration()
+            except Exception as exc:  # a bug must not kill the engine: fail what was running
+                log.exception("engine step failed")
+                for slot in self.slots:
+                    if slot.busy:
+                        self._fail(slot, exc)
+
+    def _has_work(self) -> bool:
+        return bool(self._pending) or any(s.busy for s in self.slots)
+
+    def _iteration(self) -> None:
+        self._drain(block=not self._has_work())
+        self._drop_ended()
+        self._assign()
+        self._prefill()
+        self._decode()
+
+    def _drain(self, block: bool) -> None:
+        try:
+            task = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            if task is not None:
+                self._pending.append(task)
+            try:
+                task = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _ending(self, task: Task, now: float) -> ApiError | None:
+        """Why a live task must end now: the server is shutting down, or it passed --timeout."""
+        if self._draining:
+            return shutting_down()
+        if task.deadline is not None and now > task.deadline:
+            return timed_out(self.timeout)
+        return None
+
+    def _drop_ended(self) -> None:
+        """Drop cancelled tasks (a client that went away frees its slot within one step); fail
+        tasks past their deadline, or all of them while shutting down, freeing their slots."""
+        now = time.perf_counter()
+        if self._pending and (self._draining or any(t.cancelled.is_set() or t.deadline is not None and now > t.deadline
+                                                    for t in self._pending)):
+            keep: deque[Task] = deque()
+            for task in self._pending:
+                if task.cancelled.is_set():
+                    continue
+                error = self._ending(task, now)
+                if error is not None:
+                    task.sink(Failed(error))
+                    continue
+                keep.append(task)
+            self._pending = keep
+        for slot in self.slots:
+            if not slot.busy:
+                continue
+            task = slot.run.task
+            if task.cancelled.is_set():
+                self._release(slot, send=False)
+                continue
+            error = self._ending(task, now)
+            if error is not None:
+                log.warning("task %d ended in slot %d: %s", task.id, slot.id, error.message)
+                task.sink(Failed(error))
+                self._release(slot, send=False)
+
+    def _assign(self) -> None:
+        waiting = deque()
+        while self._pending:
+            task = self._pending.popleft()
+            slot = choose_slot(self.slots, task, self.slot_prompt_similarity)
+            if slot is None:
+                waiting.append(task)
+                if not any(not s.busy for s in self.slots):
+                    break
+                continue
+            try:
+                self._start(slot, task)
+            except Exception as exc:
+                log.exception("could not start task %d", task.id)
+                task.sink(Failed(_as_api_error(exc)))
+                slot.run = None
+        waiting.extend(self._pending)
+        self._pending = waiting
+
+    def _start(self, slot: Slot, task: Task) -> None:
+        prompt = task.prompt_tokens
+        reuse = common_prefix(slot.tokens, prompt) if task.options.cache_prompt else 0
+        reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, for its logits
+        if slot.cache is None or not can_rewind(slot.cache, len(slot.tokens) - reuse):
+            slot.cache, slot.tokens, reuse = self.lm.make_cache(), [], 0
+        else:
+            rewind(slot.cache, len(slot.tokens) - reuse)
+            slot.tokens = slot.tokens[:reuse]
+        params = task.options.sampler
+        chain = SamplerChain(params, vocab_size=self.vocab_size, eos_token_ids=self.eos_ids,
+                             tokenizer=self.lm.tokenizer)
+        seed = resolve_seed(task.options.seed)
+        slot.run = SlotRun(slot, task, chain, seed, self.lm.tokenizer, self.eos_ids, cache_n=reuse)
+        if self.faults is not None:
+            slot.run.fault = self.faults.stage_for(self.lm.tokenizer.decode(prompt))
+        slot.last_used = time.perf_counter()
+        slot.run.progress()
+
+    def _prefill(self) -> None:
+        budget = self.n_batch
+        for slot in self.slots:
+            run = slot.run
+            if run is None or not run.prefilling or budget <= 0:
+                continue
+            try:
+                chunk = run.prompt[run.n_past:run.n_past + min(self.n_ubatch, budget)]
+                if run.fault == "prefill":
+                    inject_fault("prefill")
+                logits = forward_chunk(self.lm.model, chunk, slot.cache)
+                run.n_past += len(chunk)
+                slot.tokens.extend(chunk)
+                budget -= len(chunk)
+                run.progress()
+                if run.prefilling:
+                    continue
+                now = time.perf_counter()
+                if run.limit() <= 0:
+                    run.t_prefill_end = run.t_last = now
+                    run.stop_type, run.done = "limit", True
+                else:
+                    run.accept(run.sample(logits), now)
+                if run.done:
+                    self._release(slot)
+                elif self.speculation is not None and self.speculation.eligible(run.opts) \
+                        and can_rewind(slot.cache, 1):
+                    # a speculating row keeps its own cache (see the module docstring)
+                    run.spec = self.speculation.start_row(run.opts, run.prompt + run.generated, run.seed,
+                                                          self.vocab_size, self.n_ubatch)
+                else:
+                    self._batch.add(slot.id, slot.cache)
+                    slot.cache = None
+            except Exception as exc:
+                log.exception("prefill failed in slot %d", slot.id)
+                self._fail(slot, exc)
+
+    def _decode(self) -> None:
+        self._decode_batch()
+        for slot in self.slots:
+            run = slot.run
+            if run is not None and run.spec is not None and not run.prefilling and not run.done:
+                self._speculate(slot)
+
+    def _speculate(self, slot: Slot) -> None:
+        """One verify round for a speculating row, on its own cache."""
+        run, spec = slot.run, slot.run.spec
+        try:
+            sequence = run.prompt + run.generated
+            k = spec.block(run.limit() - len(run.generated))
+            result = verify_round(self.lm.model, slot.cache, run.chain, spec.drafter, sequence, rule=spec.rule,
+                                  k=k, seed=run.seed)
+            now = time.perf_counter()
+            used = 0
+            for token in result.emitted:
+                run.accept(token, now)
+                used += 1
+                if run.done:
+                    break
+            accepted = min(result.accepted, used)
+            spec.record(result.proposed, accepted)
+            self.metrics.record_round(spec.stats.kind, result.proposed, accepted)
+        except Exception as exc:
+            log.exception("verify round failed in slot %d", slot.id)
+            run.fail(_as_api_error(exc))
+        if run.done:
+            self._release(slot, send=not run.task_failed)
+
+    def _decode_batch(self) -> None:
+        if not len(self._batch):
+            return
+        rows = list(self._batch.rows)
+        runs = [self.slots[r].run for r in rows]
+        try:
+            if any(run.fault == "forward" for run in runs):
+                inject_fault("forward")
+            logits = self._batch.step([run.generated[-1] for run in runs])
+        except Exception as exc:
+            # the forward touched exactly these rows: fail them, start a fresh batch, keep serving
+            log.exception("batched decode step failed; failing its %d rows", len(rows))
+            error = _as_api_error(exc)
+            for row, run in zip(rows, runs):
+                run.task.sink(Failed(error))
+                slot = self.slots[row]
+                slot.cache, slot.tokens, slot.run = None, [], None
+            self._batch = DecodeBatch(self.lm.model)
+            return
+        self.metrics.record_decode(len(rows))
+        now = time.perf_counter()
+        finished = []
+        for j, (row, run) in enumerate(zip(rows, runs)):
+            try:
+                if run.fault == "sample":
+                    inject_fault("sample")
+                run.accept(run.sample(logits[j]), now)
+            except Exception as exc:
+                log.exception("sampling failed in slot %d", row)
+                run.fail(_as_api_error(exc))
+            if run.done:
+                finished.append(row)
+        for row in finished:
+            self._release(self.slots[row], send=not self.slots[row].run.task_failed)
+
+    def _release(self, slot: Slot, send: bool = True) -> None:
+        """End the slot's run: take its row out of the batch (keeping its cache for prompt reuse),
+        send the final result, update metrics."""
+        run = slot.run
+        if slot.id in self._batch:
+            slot.cache = self._batch.remove([slot.id])[slot.id]
+        slot.tokens = run.cached_tokens()
+        if slot.cache is not None and run.spec is not None:
+            # a verify round may have forwarded tokens past where the request stopped
+            extra = cache_length(slot.cache) - len(slot.tokens)
+            if extra > 0 and can_rewind(slot.cache, extra):
+                rewind(slot.cache, extra)
+            elif extra != 0:
+                slot.cache, slot.tokens = None, []
+        slot.run = None
+        slot.last_used = time.perf_counter()
+        if send:
+            final = run.final()
+            t = final.result.timings
+            self.metrics.record_request(t.prompt_n, t.cache_n, t.prompt_ms, t.predicted_n, t.predicted_ms,
+                                        len(run.prompt) + len(run.generated))
+            run.task.sink(final)
+        slot.last_task = {
+            "id_task": run.task.id,
+            "n_prompt_tokens": len(run.prompt),
+            "n_prompt_tokens_processed": run.n_past - run.cache_n,
+            "n_prompt_tokens_cache": run.cache_n,
+            "options": run.opts,
+            "n_decoded": len(run.generated),
+            "has_new_line": "\n" in run.text,
+        }
+
+    def _fail(self, slot: Slot, exc: Exception) -> None:
+        run = slot.run
+        if run is None:
+            return
+        run.task.sink(Failed(_as_api_error(exc)))
+        try:
+            if slot.id in self._batch:
+                self._batch.remove([slot.id])
+        except Exception:
+            log.exception("could not remove slot %d from the batch", slot.id)
+            self._batch = DecodeBatch(self.lm.model)
+        slot.cache, slot.tokens, slot.run = None, [], None
+
+
+class TaskHandle:
+    """The event loop's end of one task."""
+
+    def __init__(self, task: Task, events: asyncio.Queue):
+        self.task = task
+        self.index = task.index
+        self._events = events
+
+    async def events(self) -> AsyncIterator:
+        """The task's events up to and including :class:`Final`; a failure is raised. Leaving the
+        iteration early cancels the task."""
+        try:
+            while True:
+                event = await self._events.get()
+                if isinstance(event, Failed):
+                    raise event.error
+                yield event
+                if isinstance(event, Final):
+                    return
+        finally:
+            self.task.cancel()
+
+    async def result(self):
+        async for event in self.events():
+            if isinstance(event, Final):
+                return event.result
+        raise RuntimeError("task ended without a result")
+
+    def cancel(self) -> None:
+        self.task.cancel()
+
+
+def _as_api_error(exc: Exception) -> ApiError:
+    if isinstance(exc, ApiError):
+        return exc
+    return ApiError(f"generation failed: {type(exc).__name__}: {exc}", "server_error")

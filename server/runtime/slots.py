@@ -1,0 +1,228 @@
+"""Server slots: one sequence context each, its prompt cache, and the request it is running.
+
+A slot keeps the KV cache of the last sequence it ran (``tokens`` says which tokens that cache
+holds). A new request reuses the longest common prefix of its prompt with those tokens (the cache
+is rewound to it) and reports the reused length as ``cache_n``. :class:`SlotRun` is the per-request
+state on the engine thread: sampler chain, generated tokens, detokenized text, stop strings,
+timings — everything between "a token was sampled" and "an event goes out".
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.server.runtime.detokenizer import IncrementalDetokenizer
+from mlxcel.server.runtime.errors import ApiError
+from mlxcel.server.runtime.stop_strings import find_stop, partial_stop_length
+from mlxcel.server.runtime.task import Failed, Final, Partial, Progress, Result, Task, TokenProb
+from mlxcel.server.runtime.timings import Timings
+
+# How similar (common prefix / prompt length) a slot's cached tokens must be for the slot to be
+# preferred over the least recently used one (llama-server's --slot-prompt-similarity default).
+SLOT_PROMPT_SIMILARITY = 0.1
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass
+class Slot:
+    id: int
+    n_ctx: int
+    cache: list[Any] | None = None  # single-sequence cache, when not in the decode batch
+    tokens: list[int] = field(default_factory=list)  # tokens whose KV the slot's cache holds
+    run: SlotRun | None = None
+    last_used: float = 0.0
+    last_task: dict = field(default_factory=dict)  # what /slots shows about the last request
+
+    @property
+    def busy(self) -> bool:
+        return self.run is not None
+
+
+def choose_slot(slots: list[Slot], task: Task, similarity: float = SLOT_PROMPT_SIMILARITY) -> Slot | None:
+    """A free slot for ``task``: the one it asked for (``id_slot``, waiting while it is busy), else
+    the free slot with the most similar cached prompt, else the least recently used free one."""
+    wanted = task.options.id_slot
+    if 0 <= wanted < len(slots):
+        slot = slots[wanted]
+        return None if slot.busy else slot
+    free = [s for s in slots if not s.busy]
+    if not free:
+        return None
+    prompt = task.prompt_tokens
+    if task.options.cache_prompt and prompt:
+        best = max(free, key=lambda s: common_prefix(s.tokens, prompt))
+        if similarity > 0 and common_prefix(best.tokens, prompt) / len(prompt) > similarity:
+            return best
+    return min(free, key=lambda s: s.last_used)
+
+
+class SlotRun:
+    """One request running in one slot (engine thread only)."""
+
+    def __init__(self, slot: Slot, task: Task, chain: SamplerChain, seed: int, tokenizer, eos_ids: set[int],
+                 cache_n: int):
+        self.slot = slot
+        self.task = task
+        self.opts = task.options
+        self.chain = chain
+        self.seed = seed
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.prompt = task.prompt_tokens
+        self.cache_n = cache_n
+        self.n_past = cache_n  # prompt tokens already in the cache
+        self.generated: list[int] = []
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.text = ""
+        self.sent = 0  # characters of ``text`` already streamed
+        self.pending_tokens: list[int] = []
+        self.pending_probs: list[TokenProb] = []
+        self.probs: list[TokenProb] = []
+        self.stop_type = "none"
+        self.stopping_word = ""
+        self.done = False
+        self.t_prefill_end = 0.0
+        self.t_last = 0.0
+        self.spec = None  # speculation.SpecRow while this request speculates
+        self.task_failed = False
+        self.fault: str | None = None  # faults.FaultPlan stage armed for this request (tests only)
+        stops = self.opts.stop
+        self.max_stop = max((len(s) for s in stops), default=0)
+
+    # -- prompt ---------------------------------------------------------------------------------
+
+    @property
+    def prefilling(self) -> bool:
+        return self.n_past < len(self.prompt)
+
+    def progress(self) -> None:
+        if self.opts.return_progress and self.opts.stream:
+            elapsed = int((time.perf_counter() - self.task.t_arrival) * 1000)
+            self.task.sink(Progress(total=len(self.prompt), cache=self.cache_n,
+                                    processed=self.n_past - self.cache_n, time_ms=elapsed))
+
+    # -- tokens ---------------------------------------------------------------------------------
+
+    def limit(self) -> int:
+        """How many tokens this request may generate in total."""
+        room = self.slot.n_ctx - len(self.prompt)
+        n = self.opts.n_predict
+        return room if n < 0 else min(n, room)
+
+    def sample(self, logits: mx.array) -> int:
+        """Choose the next token from ``logits[V]`` (the row for this request)."""
+        history = self.prompt + self.generated
+        row = logits[None]
+        token = self.chain.select(row, history, seed=self.seed, first_position=len(history))[0]
+        if self.opts.n_probs > 0:
+            prob = self._token_probs(row, history, token)
+            self.probs.append(prob)
+            self.pending_probs.append(prob)
+        return int(token)
+
+    def _token_probs(self, row: mx.array, history: list[int], token: int) -> TokenProb:
+        """What ``n_probs`` reports for this position: log-probabilities of the raw distribution,
+        or probabilities of the effective one with ``post_sampling_probs``."""
+        post = self.opts.post_sampling_probs
+        (probs,) = self.chain.token_probs(row, [token], self.opts.n_probs, post_sampling=post, log_probs=not post,
+                                          history=history, seed=self.seed, first_position=len(history))
+        return TokenProb(id=token, value=probs.prob, top=probs.top)
+
+    def accept(self, token: int, now: float) -> None:
+        """Record a sampled token: update text, check EOS / stop strings / limits, stream what is
+        safe to stream."""
+        if not self.generated:
+            self.t_prefill_end = now
+        self.t_last = now
+        self.generated.append(token)
+        self.pending_tokens.append(token)
+        if token in self.eos_ids and not self.opts.sampler.ignore_eos:
+            self.stop_type = "eos"
+            self.done = True
+        else:
+            delta = self.detok.add(token)
+            if delta:
+                start = len(self.text)
+                self.text += delta
+                if self.opts.stop:
+                    hit = find_stop(self.text, self.opts.stop, start - self.max_stop + 1)
+                    if hit is not None:
+                        self.text = self.text[:hit[0]]
+                        self.stop_type, self.stopping_word = "word", hit[1]
+                        self.done = True
+        if not self.done and len(self.generated) >= self.limit():
+            self.stop_type = "limit"
+            self.done = True
+        if self.opts.stream:
+            self._stream(final=self.done)
+
+    def _stream(self, final: bool) -> None:
+        """Send the text that can no longer turn into a stop string (all of it once done)."""
+        end = len(self.text)
+        if not final and self.opts.stop:
+            end -= partial_stop_length(self.text[self.sent:], self.opts.stop)
+        if end <= self.sent:
+            return  # nothing settled yet (held back, or an incomplete character): keep the tokens
+        text = self.text[self.sent:end]
+        self.sent = end
+        self.task.sink(Partial(text=text, tokens=self.pending_tokens, probs=self.pending_probs,
+                               n_predicted=len(self.generated),
+                               timings=self.timings() if self.opts.timings_per_token else None))
+        self.pending_tokens = []
+        self.pending_probs = []
+
+    def fail(self, error: ApiError) -> None:
+        """End the request with ``error`` (its stream gets an error event); the slot keeps its
+        cache, as after any other end, and no final result is sent."""
+        self.task.sink(Failed(error))
+        self.done, self.task_failed = True, True
+
+    # -- results --------------------------------------------------------------------------------
+
+    def cached_tokens(self) -> list[int]:
+        """The tokens whose KV is in this run's cache: the prompt so far, and every generated
+        token but the last (sampled, never fed)."""
+        if self.prefilling or not self.generated:
+            return self.prompt[:self.n_past]
+        return self.prompt + self.generated[:-1]
+
+    def timings(self, draft: bool = False) -> Timings:
+        """The nine base figures; with ``draft`` also the drafter's counters (only the final
+        result carries them: a running total mid-stream is not a total yet). ``predicted_ms`` runs
+        from the end of prefill over every verify round, as it does over plain steps."""
+        extra = {"draft": self.spec.stats} if draft and self.spec is not None else {}
+        return Timings(
+            cache_n=self.cache_n,
+            prompt_n=len(self.prompt) - self.cache_n,
+            prompt_ms=(self.t_prefill_end - self.task.t_arrival) * 1e3 if self.generated else 0.0,
+            predicted_n=len(self.generated),
+            predicted_ms=(self.t_last - self.t_prefill_end) * 1e3,
+            **extra,
+        )
+
+    def final(self) -> Final:
+        return Final(Result(
+            content=self.text,
+            tokens=list(self.generated) if self.opts.return_tokens else [],
+            stop_type=self.stop_type,
+            stopping_word=self.stopping_word,
+            n_prompt=len(self.prompt),
+            n_predicted=len(self.generated),
+            tokens_cached=len(self.prompt) + max(len(self.generated) - 1, 0),
+            id_slot=self.slot.id,
+            has_new_line="\n" in self.text,
+            timings=self.timings(draft=True),
+            probs=self.probs,
+        ))

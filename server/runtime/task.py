@@ -1,0 +1,111 @@
+"""One generation request as the engine thread sees it, and the events it sends back.
+
+The HTTP side builds a :class:`Task` (tokens already checked against the context), hands it to the
+scheduler, and reads :class:`Progress` / :class:`Partial` / :class:`Final` / :class:`Failed`
+events from the task's sink, which the engine thread calls thread-safely.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.server.runtime.timings import Timings
+
+_task_ids = itertools.count()
+
+
+@dataclass
+class GenerationOptions:
+    """Everything about a request that is not its prompt."""
+
+    sampler: SamplerParams
+    seed: int = -1  # as requested (-1: a fresh random seed)
+    n_predict: int = -1  # -1: until EOS or the context is full
+    stop: list[str] = field(default_factory=list)
+    n_probs: int = 0
+    post_sampling_probs: bool = False
+    cache_prompt: bool = True
+    id_slot: int = -1
+    return_tokens: bool = False
+    return_progress: bool = False
+    timings_per_token: bool = False
+    stream: bool = False
+    samplers: list[str] = field(default_factory=list)
+    spec_n_max: int | None = None  # speculative.n_max (0: this request does not speculate)
+    spec_n_min: int | None = None  # speculative.n_min
+    spec_stochastic: bool | None = None  # speculative.stochastic_accept (mlxcel): overrides the environment switch
+    speculative_types: str = "none"  # echoed as generation_settings["speculative.types"]
+    # echoed in generation_settings, not otherwise used
+    echo: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TokenProb:
+    """One emitted token and the top alternatives at its position."""
+
+    id: int
+    value: float  # log-probability, or probability when post-sampling
+    top: list[tuple[int, float]]
+
+
+@dataclass
+class Progress:
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+
+@dataclass
+class Partial:
+    text: str
+    tokens: list[int]
+    probs: list[TokenProb]
+    n_predicted: int
+    timings: Timings | None = None
+
+
+@dataclass
+class Result:
+    content: str
+    tokens: list[int]
+    stop_type: str  # "eos" | "limit" | "word" | "none"
+    stopping_word: str
+    n_prompt: int
+    n_predicted: int
+    tokens_cached: int
+    id_slot: int
+    has_new_line: bool
+    timings: Timings
+    probs: list[TokenProb]
+
+
+@dataclass
+class Final:
+    result: Result
+
+
+@dataclass
+class Failed:
+    error: Exception
+
+
+@dataclass
+class Task:
+    prompt_tokens: list[int]
+    options: GenerationOptions
+    sink: Callable[[Any], None]
+    index: int = 0
+    id: int = field(default_factory=lambda: next(_task_ids))
+    t_arrival: float = field(default_factory=time.perf_counter)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    deadline: float | None = None  # perf_counter time past which the engine ends the task (--timeout)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
