@@ -11,7 +11,7 @@ RUN := ./scripts/with-blas
 # each (spinning workers otherwise starve the engines; engine/platform/device.py default_blas_threads).
 TEST_RUN := OPENBLAS_NUM_THREADS=1 $(RUN)
 
-.PHONY: setup setup-test serve test test-slow test-all fuzz bench clean
+.PHONY: setup setup-test serve test test-slow test-all lint fuzz bench clean
 
 setup:
 	./scripts/setup.sh
@@ -25,6 +25,12 @@ serve: setup
 test: setup-test
 	$(TEST_RUN) $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
+# Imports point down the layers (pyproject's [tool.importlinter]); pyflakes, import order, and no
+# project import inside a function unless it defers a heavy module and says so ([tool.ruff]).
+lint: setup-test
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
 test-slow: setup-test
 	$(TEST_RUN) $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
 
@@ -34,7 +40,7 @@ test-all: setup-test
 # schemathesis over the server's OpenAPI document, long run (the default suite runs a short slice)
 FUZZ_EXAMPLES ?= 150
 fuzz: setup-test
-	MLXCEL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(TEST_RUN) $(PY) -m pytest -q -s tests/test_server_fuzz.py $(PYTEST_ARGS)
+	MLXCEL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(TEST_RUN) $(PY) -m pytest -q -s tests/server/http/test_fuzz.py $(PYTEST_ARGS)
 
 bench: setup
 	$(RUN) $(PY) scripts/bench_generate.py $(ARGS)

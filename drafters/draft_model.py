@@ -21,51 +21,28 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
-from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.drafters.draws import DraftDraws, draw_draft
 from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.loaded_model import LoadedModel
-from mlxcel.engine.sampling.random_keys import position_key
-from mlxcel.engine.sampling.chain import SamplerChain, sample
+from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
-
 from mlxcel.engine.speculative.drafter import Drafter
+from mlxcel.engine.speculative.proposal import Proposal
 
-# random_keys stream for the drafter's own draws (0-3 belong to the target's sampling).
-DRAFT_STREAM = 4
-
-
-def draw_draft(chain: SamplerChain, logits: mx.array, history: list[int], seed: int,
-               position: int) -> tuple[int, mx.array | None]:
-    """One draft for ``position`` from a ``[1, V]`` row (``history`` already includes the drafts
-    before it) through the request's sampler chain: the argmax when greedy, else a draw from q on
-    the drafter's own key stream, returned with q."""
-    if chain.greedy:
-        return int(chain.select(logits, history)[0]), None
-    q = chain.distribution(logits, history, (), seed, position)
-    return sample(q[0], position_key(seed, position, DRAFT_STREAM)), q
+# Encoded by target and drafter alike when both come from one tokenizer family.
+VOCAB_PROBE = "Speculative decoding: x = f(y) + 42; naïve café, 東京, emoji \U0001f600.\n\tdef g(): return None"
 
 
-class DraftDraws:
-    """A proposal being drawn, draft by draft: ``history`` is the sequence plus the drafts so far
-    (what the next draw's sampler sees), ``position`` the next draft's absolute position."""
-
-    def __init__(self, sequence: Sequence[int]):
-        self.history = [int(t) for t in sequence]
-        self.tokens: list[int] = []
-        self._rows: list[mx.array] = []
-
-    @property
-    def position(self) -> int:
-        return len(self.history)
-
-    def add(self, token: int, q: mx.array | None) -> None:
-        self.tokens.append(token)
-        self.history.append(token)
-        if q is not None:
-            self._rows.append(q)
-
-    def proposal(self) -> Proposal:
-        return Proposal(self.tokens, mx.concatenate(self._rows, axis=0) if self._rows else None)
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
+    """A draft model must tokenize like the target (its ids are verified as the target's ids)."""
+    t_ids = list(target.tokenizer.encode(VOCAB_PROBE, add_special_tokens=False))
+    d_ids = list(draft.tokenizer.encode(VOCAB_PROBE, add_special_tokens=False))
+    if t_ids != d_ids:
+        raise ModelLoadError(
+            f"the draft model {draft.name} does not share the target's vocabulary (the same text encodes to "
+            "different token ids); pick a drafter from the target's model family"
+        )
 
 
 class DraftModelDrafter(Drafter):

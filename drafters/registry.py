@@ -1,42 +1,132 @@
-"""Drafter kinds: what a ``--draft-model`` checkpoint is, and what ``mlxcel generate`` does with it.
+"""Every drafter kind, declared once, and the one way to choose and load a kind.
 
-Two questions with different answers:
+A :class:`DrafterKind` says what the command line calls it (``--draft-kind`` name, the upstream
+``--spec-type`` names that select it), which round loop serves it (what a response's ``timings``
+report as ``draft_kind``), what ``-md`` must be, how its drafter-only checkpoint is recognised by
+structure, its default block, and whether it is greedy-only. The server's flags, ``mlxcel
+generate``'s flags, every refusal message and the compat record read this table; nothing else
+lists kinds.
 
-* *Structure* (``drafters.checkpoints.drafter_structure``): is the checkpoint a
-  drafter-only network (DFlash, DSpark, Muse Glimmer assistant) that borrows the target's
-  embeddings and head? Such a checkpoint is not a model by itself; the offline CLI refuses it
-  before loading anything, whatever flags were given, and points at ``mlxcel-server``.
-* *Kind* (``detect_drafter_kind``): the label a drafter's config.json resolves to. An ordinary
-  small full model carries no kind of its own and resolves to the default, ``dflash``. The
-  offline CLI prints that label and then says plainly that it runs the classic draft-model loop
-  regardless; choosing a kind-specific round loop with ``--draft-kind`` is a server feature
-  (``mlxcel-server`` runs every model-based kind: ``server.runtime.speculation``).
+:func:`choose` turns the speculative flags (``--spec-type``, ``--draft-kind``, ``-md``,
+``--spec-default``) into one kind, exactly as both commands resolve them; ``loading.load`` loads
+what that kind needs (a draft model, a drafter network bound to the target) once.
+
+Structure, not names: a drafter-only checkpoint (DFlash, DSpark, the Muse Glimmer assistant, a
+NextN MTP assistant) has no embeddings or LM head of its own, so it is never a standalone model.
+It is recognised from its config.json by each kind's own detector (``dflash.checkpoint``,
+``mtp.structure``); :func:`refuse_as_model` refuses such a directory as a target model, naming
+the round loop that runs it (``loading.load_target`` passes it to the engine's loader).
+
+The table is light on purpose: it imports no MLX model code, so the command line is checked, and a
+bad one refused, before anything heavy loads. Loading is ``drafters.loading``.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mlxcel.drafters.checkpoints import drafter_structure
-from mlxcel.engine.errors import MlxcelError
+from mlxcel.drafters.dflash.structure import dflash_family
+from mlxcel.drafters.mtp.structure import is_assistant_checkpoint
+from mlxcel.engine.errors import MlxcelError, ModelLoadError
 
-DRAFTER_KINDS = ("dflash", "dspark", "muse-glimmer", "mtp", "internal-mtp", "prompt-lookup")
-DEFAULT_DRAFTER_KIND = "dflash"
-DEFAULT_BLOCK_SIZE = 16
+if TYPE_CHECKING:
+    from mlxcel.engine.speculative.drafter import Drafter
+
 SERVER_COMMAND = "mlxcel-server"
-# How mlxcel-server is asked for each kind's round loop.
-SERVER_FLAGS = {"dflash": "--spec-type draft-dflash -md DIR", "dspark": "--spec-type draft-dspark -md DIR",
-                "muse-glimmer": "--draft-kind muse-glimmer -md DIR", "mtp": "--spec-type draft-mtp",
-                "internal-mtp": "--draft-kind internal-mtp", "prompt-lookup": "--spec-type ngram-simple",
-                "draft-model": "--spec-type draft-simple -md FILE"}
+LOOKUP_NGRAM_MIN = 1  # shortest n-gram prompt lookup matches
+LOOKUP_NGRAM_MAX = 3  # longest n-gram it tries first
+
+
+class DrafterChoiceError(MlxcelError):
+    """Speculative flags that cannot be honoured (shown as one ``error:`` line)."""
 
 
 @dataclass(frozen=True)
-class ResolvedKind:
-    kind: str
-    detail: str  # e.g. "block_size = 16, default"
+class DrafterKind:
+    """One drafter kind, as every flag, message and record refers to it."""
+
+    name: str  # the --draft-kind name
+    loop: str  # the round loop that serves it; what timings report as draft_kind
+    spec_types: tuple[str, ...]  # upstream --spec-type names that select it
+    summary: str  # one phrase, for help texts and the compat record
+    flags: str  # how a command line asks for it
+    draft_model: str  # what -md must be: "none", "file" (a model), "dir" (its checkpoint), "optional"
+    drafter: str  # "module:Class" of the class that drafts for it; resolved on first use (drafter_class)
+    structure: Callable[[dict], bool] | None = None  # recognises its drafter-only checkpoint
+    default_block: int | None = None  # drafts per round by default; None: what the drafter declares
+    exact: bool = True  # a request naming it insists on it (False: any checkpoint on its round loop)
+
+    def drafter_class(self) -> type[Drafter]:
+        """The drafter class, imported on first use: the table is read while the command line is
+        checked, before anything loads, and the drafter modules pull in mlx-lm (and with it
+        transformers), a second or more of imports a refused command line should not pay."""
+        module, name = self.drafter.split(":")
+        return getattr(importlib.import_module(module), name)
+
+    @property
+    def greedy_only(self) -> bool:
+        """Sampling requests are declined and decoded plainly (the drafter class's own trait)."""
+        return self.drafter_class().greedy_only
+
+    @property
+    def model_based(self) -> bool:
+        """A drafter network that reads the target's hidden states (a ``ModelDrafter``)."""
+        return self.loop in (DFLASH_LOOP, MTP_LOOP)
+
+
+DFLASH_LOOP = "dflash"
+MTP_LOOP = "mtp"
+
+PROMPT_LOOKUP = DrafterKind(
+    "prompt-lookup", "prompt-lookup", ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"),
+    "copies what followed an earlier occurrence of the last n tokens (no second model)",
+    "--spec-type ngram-simple", "none", "mlxcel.drafters.lookup.prompt_lookup:PromptLookupDrafter", default_block=32)
+DRAFT_MODEL = DrafterKind(
+    "draft-model", "draft-model", ("draft-simple",), "a small model sharing the target's vocabulary",
+    "--spec-type draft-simple -md FILE", "file", "mlxcel.drafters.draft_model:DraftModelDrafter", default_block=3)
+DFLASH = DrafterKind(
+    "dflash", DFLASH_LOOP, ("draft-dflash",), "a DFlash block drafter reading the target's hidden states",
+    "--spec-type draft-dflash -md DIR", "dir", "mlxcel.drafters.dflash.drafter:DFlashDrafter", lambda c: dflash_family(c) == "dflash", exact=False)
+DSPARK = DrafterKind(
+    "dspark", DFLASH_LOOP, ("draft-dspark",), "an LFM2 DSpark drafter (greedy chains only)",
+    "--spec-type draft-dspark -md DIR", "dir", "mlxcel.drafters.dflash.dspark:DSparkDrafter", lambda c: dflash_family(c) == "dspark")
+MUSE_GLIMMER = DrafterKind(
+    "muse-glimmer", DFLASH_LOOP, (), "the Muse Glimmer assistant (widens its block when it pays)",
+    "--draft-kind muse-glimmer -md DIR", "dir", "mlxcel.drafters.dflash.muse_glimmer:MuseGlimmerDrafter", lambda c: dflash_family(c) == "muse-glimmer")
+MTP = DrafterKind(
+    "mtp", MTP_LOOP, ("draft-mtp",), "multi-token-prediction layers: the target's own, or a NextN assistant",
+    "--spec-type draft-mtp [-md DIR]", "optional", "mlxcel.drafters.mtp.drafter:MtpDrafter", is_assistant_checkpoint, exact=False)
+INTERNAL_MTP = DrafterKind(
+    "internal-mtp", MTP_LOOP, (), "the target's own multi-token-prediction layers",
+    "--draft-kind internal-mtp", "none", "mlxcel.drafters.mtp.drafter:MtpDrafter")
+
+KINDS: tuple[DrafterKind, ...] = (PROMPT_LOOKUP, DRAFT_MODEL, DFLASH, DSPARK, MUSE_GLIMMER, MTP, INTERNAL_MTP)
+BY_NAME = {k.name: k for k in KINDS}
+BY_SPEC_TYPE = {t: k for k in KINDS for t in k.spec_types}
+# Upstream's --spec-type names that select no kind here.
+SPEC_TYPE_NONE = "none"
+SPEC_TYPE_REFUSED = {"draft-eagle3": "EAGLE-3 drafters are not implemented in mlxcel; use draft-dflash, draft-mtp, "
+                                     "draft-simple with -md, or ngram-simple"}
+SPEC_TYPES = (SPEC_TYPE_NONE, *BY_SPEC_TYPE, *SPEC_TYPE_REFUSED)
+
+
+def kind_names() -> str:
+    return ", ".join(BY_NAME)
+
+
+def upstream_type(kind: DrafterKind) -> str:
+    """The upstream ``--spec-type`` name a server running ``kind`` answers to (``speculative.types``)."""
+    if kind.spec_types:
+        return kind.spec_types[0]
+    return next(k.spec_types[0] for k in KINDS if k.loop == kind.loop and k.spec_types)
+
+
+# -- checkpoints by structure ---------------------------------------------------------------------
 
 
 def read_drafter_config(path: str | Path) -> dict:
@@ -51,72 +141,144 @@ def read_drafter_config(path: str | Path) -> dict:
         return {}
 
 
-def refuse_drafter_only_checkpoint(path: str | Path, config: dict | None = None) -> None:
-    """Raise a clear error when ``path`` is a drafter-only checkpoint the classic path cannot run."""
-    config = read_drafter_config(path) if config is None else config
-    family = drafter_structure(config)
-    if family is not None:
-        raise MlxcelError(
-            f"{path} is a {family} drafter checkpoint: it has no embeddings or LM head of its own and "
-            f"borrows the target's, so mlxcel generate cannot run it as a draft model. "
-            f"A {family} drafter runs in {SERVER_COMMAND}'s {_round_loop(family)} instead "
-            f"({SERVER_COMMAND} -m TARGET {SERVER_FLAGS[family].replace('DIR', str(path))})."
-        )
+def checkpoint_kind(config: dict) -> DrafterKind | None:
+    """The drafter-only kind a config.json describes by structure, or None for an ordinary model."""
+    for kind in KINDS:
+        if kind.structure is not None and kind.structure(config):
+            return kind
+    return None
 
 
-def _round_loop(family: str) -> str:
-    """The server round loop a drafter-only checkpoint of ``family`` runs on."""
-    return "MTP round loop" if family == "mtp" else "DFlash round loop"
+def refuse_as_model(path: Path, config: dict) -> None:
+    """``engine.model.loading``'s config check: a drafter-only checkpoint is not a model."""
+    kind = checkpoint_kind(config)
+    if kind is not None:
+        raise ModelLoadError(
+            f"{path} is a {kind.name} drafter checkpoint, not a standalone model: it borrows the target's "
+            f"embeddings and head. Pass a full model to -m, and this directory as its drafter (-md DIR, served "
+            f"on the {_loop_title(kind)} round loop).")
 
 
-def detect_drafter_kind(config: dict) -> ResolvedKind:
-    """The drafter kind a config.json resolves to when no ``--draft-kind`` is given."""
-    family = drafter_structure(config)
-    block_size = (config.get("dflash_config") or {}).get("block_size") or config.get("block_size")
-    if family is not None:
-        detail = f"block_size = {block_size}" if block_size else "from config.json"
-        return ResolvedKind(family, detail)
-    text_config = config.get("text_config") or {}
-    for source in (config, text_config):  # multimodal wrappers (Qwen3.5) nest the language model's keys
-        for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
-            if int(source.get(key) or 0) > 0:
-                return ResolvedKind("mtp", f"{key} = {source[key]}")
-    return ResolvedKind(DEFAULT_DRAFTER_KIND, f"block_size = {block_size or DEFAULT_BLOCK_SIZE}, default")
+def _loop_title(kind: DrafterKind) -> str:
+    return {DFLASH_LOOP: "DFlash", MTP_LOOP: "MTP"}.get(kind.loop, kind.loop)
 
 
-def auto_detected_kind_lines(resolved: ResolvedKind) -> list[str]:
-    """What ``mlxcel generate`` prints when the kind was only auto-detected."""
-    return [
-        f"Resolved drafter kind: {resolved.kind} ({resolved.detail})",
-        "Drafter kind was auto-detected only; mlxcel generate runs the classic draft-model path "
-        f"(kind-specific round loops run in {SERVER_COMMAND}, selected there with --draft-kind).",
-    ]
+# -- choosing a kind from the flags ---------------------------------------------------------------
 
 
-def explicit_kind_error(kind: str) -> MlxcelError:
-    """``--draft-kind`` given to ``mlxcel generate``: refused, with the reason."""
-    hint = " (for prompt lookup use --prompt-lookup)" if kind == "prompt-lookup" else ""
-    flags = SERVER_FLAGS.get(kind, f"--draft-kind {kind}")
-    server = f"{SERVER_COMMAND} {flags}"
-    return MlxcelError(
-        f"--draft-kind {kind}: mlxcel generate does not construct kind-specific round loops; it runs only "
-        f"the classic draft-model path (--draft-model){hint}. Kind-specific round loops run in "
-        f"{server}; or drop --draft-kind."
-    )
+@dataclass(frozen=True)
+class Choice:
+    """What the speculative flags resolved to."""
+
+    kind: DrafterKind
+    draft_model: str | None = None
+    draft_hf: str | None = None
+    notes: tuple[str, ...] = ()  # what the resolution decided on the user's behalf, for the log
 
 
-def load_model_drafter(path: str | Path, *, target_vocab_size: int | None = None, eos_token_ids=(), tokenizer=None):
-    """The model-based drafter a drafter-only checkpoint describes (DFlash, DSpark or Muse Glimmer
-    assistant, by structure), loaded and ready to bind to its target."""
-    from mlxcel.drafters.dflash.drafter import DFlashDrafter
-    from mlxcel.drafters.dflash.dspark import DSparkDrafter
-    from mlxcel.drafters.dflash.muse_glimmer import MuseGlimmerDrafter
+def choose(*, spec_types: list[str] | tuple[str, ...] = (), draft_kind: str | None = None,
+           draft_model: str | None = None, draft_hf: str | None = None,
+           spec_default: bool = False) -> Choice | None:
+    """The one kind the flags ask for (None: no speculation), or :class:`DrafterChoiceError`.
 
-    family = drafter_structure(read_drafter_config(path))
-    classes = {"dflash": DFlashDrafter, "dspark": DSparkDrafter, "muse-glimmer": MuseGlimmerDrafter}
-    if family not in classes:
-        raise MlxcelError(f"{path} is not a DFlash, DSpark or Muse Glimmer assistant drafter checkpoint "
-                          "(its config.json names none of their structures)")
-    return classes[family].load(path, target_vocab_size=target_vocab_size, eos_token_ids=eos_token_ids,
-                                tokenizer=tokenizer)
+    ``--spec-type`` and ``--draft-kind`` name a round loop and possibly one kind on it; ``-md``
+    alone selects by structure (a drafter-only checkpoint runs on its round loop, an ordinary
+    model drafts as a draft model); ``--spec-default`` asks for prompt lookup."""
+    notes: list[str] = []
+    named: dict[str, DrafterKind] = {}  # round loop -> the kind named for it
 
+    def name(kind: DrafterKind, flag: str) -> None:
+        """Hold ``kind`` for its loop; of two names for one loop the exact one wins."""
+        held = named.get(kind.loop)
+        if held is not None and held is not kind and held.exact and kind.exact:
+            raise DrafterChoiceError(f"{flag} contradicts the other speculative flags ({held.name})")
+        if held is None or kind.exact:
+            named[kind.loop] = kind
+
+    for t in spec_types:
+        if t == SPEC_TYPE_NONE:
+            continue
+        if t in SPEC_TYPE_REFUSED:
+            raise DrafterChoiceError(f"--spec-type {t}: {SPEC_TYPE_REFUSED[t]}")
+        if t not in BY_SPEC_TYPE:
+            raise DrafterChoiceError(f"--spec-type {t!r}: unknown type (choose from {', '.join(SPEC_TYPES)})")
+        name(BY_SPEC_TYPE[t], f"--spec-type {t}")
+        if BY_SPEC_TYPE[t] is PROMPT_LOOKUP and t != PROMPT_LOOKUP.spec_types[0]:
+            notes.append(f"--spec-type {t} is served by prompt lookup (ngram-simple): same output, "
+                         "possibly different speed")
+    if draft_kind:
+        kind = BY_NAME.get(draft_kind.strip().lower())
+        if kind is None:
+            raise DrafterChoiceError(f"--draft-kind {draft_kind!r}: unknown kind (choose from {kind_names()})")
+        name(kind, f"--draft-kind {kind.name}")
+    if spec_default and not named:
+        named[PROMPT_LOOKUP.loop] = PROMPT_LOOKUP
+    has_model = bool(draft_model or draft_hf)
+    structure = checkpoint_kind(read_drafter_config(draft_model)) if draft_model else None
+    if has_model and not named:
+        if structure is not None:
+            named[structure.loop] = structure
+            notes.append(f"-md is a {structure.name} drafter checkpoint: serving it on the "
+                         f"{_loop_title(structure)} round loop")
+        else:
+            named[DRAFT_MODEL.loop] = DRAFT_MODEL
+            notes.append("-md without --spec-type: drafting with the draft model (draft-simple); upstream would "
+                         "load it and never draft")
+    if len(named) > 1:
+        raise DrafterChoiceError(f"one drafter at a time: the flags ask for {' and '.join(sorted(named))}")
+    if not named:
+        return None
+    (kind,) = named.values()
+    kind = _checked(kind, structure, draft_model, draft_hf)
+    return Choice(kind, draft_model=draft_model, draft_hf=draft_hf, notes=tuple(notes))
+
+
+def _checked(kind: DrafterKind, structure: DrafterKind | None, draft_model: str | None,
+             draft_hf: str | None) -> DrafterKind:
+    """The concrete kind, once ``-md`` is checked against what ``kind`` needs."""
+    has_model = bool(draft_model or draft_hf)
+    if kind is DRAFT_MODEL:
+        if not has_model:
+            raise DrafterChoiceError("--spec-type draft-simple needs a draft model: pass -md/--spec-draft-model FILE")
+        if structure is not None:
+            raise DrafterChoiceError(
+                f"{draft_model} is a {structure.name} drafter checkpoint (no embeddings or LM head of its own), "
+                f"not a draft model; run it with {structure.flags.replace('DIR', str(draft_model))} (or -md alone)")
+        return kind
+    if kind is PROMPT_LOOKUP:
+        if has_model:
+            raise DrafterChoiceError("prompt lookup needs no draft model; drop -md or use --spec-type draft-simple")
+        return kind
+    if kind.loop == DFLASH_LOOP:
+        if not draft_model:
+            raise DrafterChoiceError("the DFlash round loop needs its drafter: pass -md DIR (a DFlash, DSpark or "
+                                     "Muse Glimmer assistant checkpoint directory)")
+        if structure is None or structure.loop != DFLASH_LOOP:
+            raise DrafterChoiceError(
+                f"{draft_model} is not a DFlash, DSpark or Muse Glimmer assistant checkpoint (its config.json has "
+                "no dflash_config, DFlashDraftModel, Lfm2DSparkDraftModel or muse_glimmer_assistant); an ordinary "
+                "small model drafts with --spec-type draft-simple")
+        if kind.exact and structure is not kind:
+            raise DrafterChoiceError(f"{kind.name} was asked for, but {draft_model} is a {structure.name} "
+                                     "drafter checkpoint")
+        return structure
+    # the MTP round loop
+    if kind is INTERNAL_MTP and draft_model:
+        raise DrafterChoiceError("--draft-kind internal-mtp uses the target's own MTP layers; drop -md")
+    if draft_hf and not draft_model:
+        raise DrafterChoiceError("an MTP assistant is read from a local directory: pass -md DIR")
+    if draft_model and structure is not MTP:
+        what = f"a {structure.name} drafter checkpoint" if structure else "not a NextN MTP assistant checkpoint"
+        raise DrafterChoiceError(f"--spec-type draft-mtp: {draft_model} is {what}; pass an MTP assistant to -md, "
+                                 "or no -md to use the target's own MTP layers")
+    return MTP if draft_model else INTERNAL_MTP
+
+
+@dataclass(frozen=True)
+class LookupOptions:
+    """Prompt lookup's settings: n-gram bounds, and whether the server's governor runs."""
+
+    ngram_min: int = LOOKUP_NGRAM_MIN
+    ngram_max: int = LOOKUP_NGRAM_MAX
+    governed: bool = False  # the server's pause policy (drafters.lookup.governor); off: the CLI's
+    adaptive: bool = True

@@ -10,8 +10,9 @@ import argparse
 import asyncio
 import time
 
-from mlxcel.server.http.app import GateMiddleware, ServerState
-from mlxcel.server.cli.args import ServerConfig
+from mlxcel.server.http.gate import GateMiddleware
+from mlxcel.server.http.state import ServerState
+from mlxcel.server.runtime.config import ServerConfig
 
 
 async def bare(scope, receive, send):

@@ -120,8 +120,8 @@ def forward_cost_ratio(loaded, width: int = 8, context: int = 64, reps: int = 15
     ``context`` tokens (a verify round's shape vs a decode step's)."""
     import mlx.core as mx
 
-    from mlxcel.engine.decode.plain import prefill
     from mlxcel.engine.decode.kv_cache import rewind
+    from mlxcel.engine.decode.plain import prefill
 
     prompt = prompt_tokens(loaded, context)
     cache = loaded.make_cache()
@@ -177,9 +177,9 @@ def paths(args) -> dict:
     and forth."""
     import mlx.nn as nn
 
+    from mlxcel.engine.model.loading import load_model
     from mlxcel.engine.platform import blas_shim
     from mlxcel.engine.platform.compiled_rope import DecodeStepRoPE
-    from mlxcel.engine.model.loading import load_model
 
     loaded = load_model(args.model)
     swaps = []

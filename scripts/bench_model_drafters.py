@@ -31,7 +31,7 @@ from mlxcel.engine.decode.plain import generate_tokens
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.engine.speculative.session import SpeculativeCounters, speculative_generate
+from mlxcel.engine.speculative.session import SpeculativeSession, speculative_generate
 from mlxcel.engine.speculative.target_features import forward_with_features, inner_model
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."
@@ -130,7 +130,7 @@ def decode_tps(run) -> tuple[float, list[int]]:
 
 
 def bench_loop(target, drafter_dir: Path, n: int, block: int, repeats: int) -> None:
-    from mlxcel.drafters.registry import load_model_drafter
+    from mlxcel.drafters.loading import load_model_drafter
 
     prompt = list(target.tokenizer.encode(PROMPT))
 
@@ -149,11 +149,11 @@ def bench_loop(target, drafter_dir: Path, n: int, block: int, repeats: int) -> N
             else:
                 os.environ["MLXCEL_EXACTNESS_PROBE"] = "pass" if arm == "block" else "fail"
                 drafter = load_model_drafter(drafter_dir, target_vocab_size=target.vocab_size)
-                counters = SpeculativeCounters(rule="")
+                session = SpeculativeSession(drafter, GREEDY, n_max=block)
+                counters = session.counters
 
-                def spec(drafter=drafter, counters=counters):
-                    for step in speculative_generate(target, drafter, prompt, GREEDY, max_tokens=n,
-                                                     num_draft_tokens=block, counters=counters):
+                def spec(session=session):
+                    for step in speculative_generate(target, session, prompt, max_tokens=n):
                         yield step.tokens
 
                 tps, tokens = decode_tps(spec)

@@ -124,7 +124,7 @@ def main() -> int:
     model_dir = export_default_model(Path(args.model_dir))
     logs = Path(tempfile.mkdtemp(prefix="bench-server-"))
     servers = {
-        "mlxcel": lambda port: [sys.executable, "-m", "mlxcel.server.cli.serve", "-m", str(model_dir),
+        "mlxcel": lambda port: [sys.executable, "-m", "mlxcel.server.cli", "-m", str(model_dir),
                                 "--port", str(port), "-np", str(max(levels)), "-c", "2048"],
         "mlx_lm": lambda port: [sys.executable, "-m", "mlx_lm.server", "--model", str(model_dir), "--port",
                                 str(port), "--temp", "0", "--max-tokens", str(args.max_tokens)],

@@ -182,8 +182,8 @@ def main() -> int:
             assert best[(name, "plain")]["text"] == best[(name, arm)]["text"], f"{name}: {arm} output differs"
     print(f"{Path(args.model).name if args.model else 'SmolLM2-135M-Instruct'}, greedy, {args.max_tokens} tokens, best of {args.repeats}, one client; "
           f"lookup block {args.block or 'default'}. Outputs identical across arms.\n")
-    print(f"| workload | arm | tokens | tokens/forward | rounds | accepted/drafted | decode tok/s | wall tok/s "
-          f"| wall vs plain |")
+    print("| workload | arm | tokens | tokens/forward | rounds | accepted/drafted | decode tok/s | wall tok/s "
+          "| wall vs plain |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name in workloads:
         base = best[(name, "plain")]["wall_tps"]

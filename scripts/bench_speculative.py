@@ -30,12 +30,12 @@ import time
 
 from mlxcel.drafters.draft_model import DraftModelDrafter
 from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
-from mlxcel.engine.speculative.report import report_lines
 from mlxcel.engine.decode.plain import generate_tokens
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.engine.speculative.session import SpeculativeCounters, speculative_generate
+from mlxcel.engine.speculative.report import report_lines
+from mlxcel.engine.speculative.session import SpeculativeSession, speculative_generate
 from mlxcel.server.cli.generate import encode_prompt
 
 CODE_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."
@@ -63,10 +63,10 @@ def plain(model, prompt, params, n):
 
 
 def speculative(model, drafter, prompt, params, n, k, *, stochastic=None, diagnostics=False):
-    counters = SpeculativeCounters("")
+    session = SpeculativeSession(drafter, params, n_max=k, stochastic=stochastic, diagnostics=diagnostics)
+    counters = session.counters
     start = time.perf_counter()
-    steps = list(speculative_generate(model, drafter, prompt, params, max_tokens=n, num_draft_tokens=k,
-                                      counters=counters, stochastic=stochastic, diagnostics=diagnostics))
+    steps = list(speculative_generate(model, session, prompt, max_tokens=n))
     tokens = [t for s in steps for t in s.tokens]
     return tokens, len(tokens) / (time.perf_counter() - start), steps[-1].generation_tps, counters
 

@@ -189,7 +189,7 @@ def main() -> None:
                            "--host", "127.0.0.1", "--port", port]
                     arms.append(Server(name, cmd, env, log))
                 elif kind in ("mlxcel", "mlxcel-no-sgemv"):
-                    cmd = [sys.executable, "-m", "mlxcel.server.cli.serve", "-m", model, "-np", "1", "-c", "2048",
+                    cmd = [sys.executable, "-m", "mlxcel.server.cli", "-m", model, "-np", "1", "-c", "2048",
                            "-t", str(t), "--host", "127.0.0.1", "--port", port]
                     arms.append(Server(name, cmd, child_env(t, kind == "mlxcel"), log))
                 elif kind == "mlx_lm":

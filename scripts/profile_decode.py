@@ -58,7 +58,6 @@ def bandwidth(reps: int = 7, mb: int = 512) -> dict:
         "mlx_sum_gbs": size / (median_ms(lambda: mx.eval(m.sum()), reps) / 1e3),
         "mlx_copy_gbs": 2 * size / (median_ms(lambda: mx.eval(m + 0), reps) / 1e3),
     }
-    del a, b, m
     return out
 
 
@@ -81,8 +80,8 @@ def profile(loaded, context: int, reps: int) -> dict:
     from mlx_lm.models.activations import swiglu
     from mlx_lm.models.base import scaled_dot_product_attention
 
-    from mlxcel.engine.decode.plain import prefill
     from mlxcel.engine.decode.kv_cache import rewind
+    from mlxcel.engine.decode.plain import prefill
     from mlxcel.engine.sampling.chain import SamplerChain
     from mlxcel.engine.sampling.params import SamplerParams
 

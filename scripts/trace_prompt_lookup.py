@@ -173,7 +173,7 @@ def main() -> int:
                   f"emitted {tok.decode(out)!r}")
         replay(make, n_max, s["prompt"], s["emitted"], trace=show)
 
-    print(f"\n| workload | policy | tokens | forwards | tokens/forward | accepted/drafted | est. decode vs plain |")
+    print("\n| workload | policy | tokens | forwards | tokens/forward | accepted/drafted | est. decode vs plain |")
     print("|---|---|---|---|---|---|---|")
     for name in WORKLOADS:
         s = streams[key][name]

@@ -28,14 +28,16 @@ drafter borrows both from its target). Where each format keeps what:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
-from mlxcel.engine.model.config_file import read_config_json
 from mlxcel.drafters.dflash.network import DFlashNetwork, DFlashSpec
-from mlxcel.drafters.checkpoints import drafter_structure
+from mlxcel.drafters.dflash.structure import dflash_family
 from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.model.config_file import read_config_json
 
 # Tensor-name differences of the Muse Glimmer assistant format.
 _RENAMES = {"encoder.fc.": "fc.", "encoder.output_norm_enc.": "hidden_norm."}
@@ -51,7 +53,7 @@ def _need(config: dict, key: str, where: str):
 
 def read_spec(config: dict, where: str = "drafter") -> DFlashSpec:
     """The network description of a DFlash / DSpark / Muse Glimmer assistant config.json."""
-    family = drafter_structure(config)
+    family = dflash_family(config)
     if family is None:
         raise ModelLoadError(f"{where} is not a DFlash-family drafter (no dflash_config, DFlashDraftModel, "
                              "Lfm2DSparkDraftModel or muse_glimmer_assistant in config.json)")
@@ -162,12 +164,8 @@ def load_dflash_checkpoint(path: str | Path, *,
 
 
 def _with_vocab(spec: DFlashSpec, weights: dict) -> DFlashSpec:
-    from dataclasses import replace
-
     return replace(spec, vocab_size=int(weights["markov_head.markov_w1.weight"].shape[0]))
 
 
 def _flatten(params, prefix=""):
-    from mlx.utils import tree_flatten
-
     return tree_flatten(params, prefix)

@@ -29,14 +29,13 @@ import mlx.core as mx
 
 from mlxcel.drafters.dflash.checkpoint import load_dflash_checkpoint
 from mlxcel.drafters.dflash.network import DFlashNetwork, DFlashSpec
-from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.drafters.draws import DraftDraws, draw_draft
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.engine.speculative.target_features import TargetFeatures, embed, head_logits, inner_model
-
 from mlxcel.engine.speculative.drafter import ModelDrafter
-from mlxcel.drafters.draft_model import DraftDraws, draw_draft
+from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.engine.speculative.target_features import TargetFeatures, embed, head_logits, inner_model
 
 
 class DFlashDrafter(ModelDrafter):
@@ -56,6 +55,10 @@ class DFlashDrafter(ModelDrafter):
         self._pending_rows = 0
         self.chain: SamplerChain | None = None
         self.seed = 0
+
+    @property
+    def declared_block(self) -> int:
+        return self.spec.max_proposals
 
     @classmethod
     def load(cls, path: str | Path, **kwargs) -> DFlashDrafter:

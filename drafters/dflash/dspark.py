@@ -20,10 +20,9 @@ from collections.abc import Sequence
 
 import mlx.core as mx
 
-from mlxcel.engine.speculative.proposal import Proposal
-
 from mlxcel.drafters.dflash.drafter import DFlashDrafter
-from mlxcel.drafters.draft_model import DraftDraws
+from mlxcel.drafters.draws import DraftDraws
+from mlxcel.engine.speculative.proposal import Proposal
 
 
 class DSparkDrafter(DFlashDrafter):

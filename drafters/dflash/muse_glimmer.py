@@ -23,10 +23,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from mlxcel.engine.speculative.proposal import Proposal
-from mlxcel.engine.sampling.params import SamplerParams
-
 from mlxcel.drafters.dflash.drafter import DFlashDrafter
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.proposal import Proposal
 
 log = logging.getLogger(__name__)
 

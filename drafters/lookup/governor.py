@@ -41,13 +41,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.drafters.lookup.prompt_lookup import BLOCK_START, NgramIndex, PromptLookupCounters, PromptLookupDrafter
 from mlxcel.engine.sampling.params import SamplerParams
-
-from mlxcel.drafters.lookup.prompt_lookup import NgramIndex, PromptLookupCounters, PromptLookupDrafter
+from mlxcel.engine.speculative.proposal import Proposal
 
 FLOOR = 4.0
-BLOCK_START = 8  # the server drafter's first block length; it doubles after a fully accepted block
 EMA_ALPHA = 0.5
 MIN_ROUNDS = 2
 SHADOW_RESUME_TOKENS = 7
@@ -107,12 +105,8 @@ class GovernedPromptLookupDrafter(PromptLookupDrafter):
     """Prompt lookup as the server runs it: the CLI drafter's lookup, with the governor deciding
     when to propose, and ``n_min`` retracting blocks too short to be worth a verify forward.
 
-    Block growth: the drafter proposes at most ``block_start`` tokens at first; each block the
-    target accepts in full doubles that cap (the round's ``k``, from ``--spec-ngram-simple-size-m``,
-    still bounds it), and any rejection, pause or resume sets it back to ``block_start``. A verbatim
-    copy thus runs in a few wide rounds instead of many 8-token ones, while text that is only
-    partly copied never pays for a wide block it has not earned. Replayed on the bench workloads
-    (``scripts/trace_prompt_lookup.py``) this never lowered tokens per forward, and doubled it on
+    Block growth is the CLI drafter's (``prompt_lookup``): replayed on the bench workloads
+    (``scripts/trace_prompt_lookup.py``) it never lowered tokens per forward, and doubled it on
     the paragraph rewrite. It changes only how many tokens are proposed, never which tokens are
     emitted, and the governor still sees every verified round as before."""
 
@@ -120,13 +114,12 @@ class GovernedPromptLookupDrafter(PromptLookupDrafter):
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 3, *, n_min: int = 0, adaptive: bool = True,
                  block_start: int | None = None):
-        super().__init__(ngram_min, ngram_max)
+        super().__init__(ngram_min, ngram_max,
+                         block_start=max(1, n_min, BLOCK_START if block_start is None else block_start))
         self.n_min = max(0, n_min)
         self.governor = LookupGovernor(adaptive=adaptive)
         self.retracted = 0
         self._shadowed = False
-        self.block_start = max(1, self.n_min, BLOCK_START if block_start is None else block_start)
-        self.block_cap = self.block_start
 
     def start(self, sequence: Sequence[int], params: SamplerParams, seed: int) -> None:
         self.index.reset()

@@ -16,6 +16,11 @@ The CLI-side governor is a two-state machine and has no break-even floor:
 
 A failed block therefore costs one wasted verify width, not one per step, while text that has
 started repeating again is picked up after two tokens.
+
+Block growth (shared with the server's drafter): a proposal holds at most ``block_start`` tokens
+at first; each block the target accepts in full doubles that cap (the round's ``k`` still bounds
+it), and any rejection, pause or resume sets it back. A verbatim copy thus runs in a few wide
+rounds, while text that is only partly copied never pays for a wide block it has not earned.
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.sampling.params import SamplerParams
-
 from mlxcel.engine.speculative.drafter import Drafter
+from mlxcel.engine.speculative.proposal import Proposal
 
 SHADOW_CONFIRM_TOKENS = 2
+BLOCK_START = 8  # the first block's cap; it doubles after each fully accepted block
 
 
 @dataclass
@@ -81,11 +86,14 @@ class PromptLookupDrafter(Drafter):
     kind = "prompt-lookup"
     deterministic = True
 
-    def __init__(self, ngram_min: int = 1, ngram_max: int = 3, *, shadow_confirm: int = SHADOW_CONFIRM_TOKENS):
+    def __init__(self, ngram_min: int = 1, ngram_max: int = 3, *, shadow_confirm: int = SHADOW_CONFIRM_TOKENS,
+                 block_start: int = BLOCK_START):
         if not 1 <= ngram_min <= ngram_max:
             raise ValueError(f"prompt lookup needs 1 <= ngram_min <= ngram_max (got {ngram_min}, {ngram_max})")
         self.index = NgramIndex(ngram_min, ngram_max)
         self.shadow_confirm = shadow_confirm
+        self.block_start = max(1, block_start)
+        self.block_cap = self.block_start
         self.paused = False
         self.shadow: list[int] = []
         self.streak = 0
@@ -96,10 +104,11 @@ class PromptLookupDrafter(Drafter):
         self.paused = False
         self.shadow = []
         self.streak = 0
+        self.block_cap = self.block_start
         self.counters = PromptLookupCounters()
 
     def propose(self, sequence: Sequence[int], k: int) -> Proposal:
-        found = self.index.continuation(sequence, k)
+        found = self.index.continuation(sequence, min(k, self.block_cap))
         if self.paused:
             self.counters.shadow_lookups += 1
             self.shadow = found
@@ -114,6 +123,8 @@ class PromptLookupDrafter(Drafter):
         if proposal.tokens:
             self.counters.verified_blocks += 1
             self.counters.accepted_tokens += accepted
+            full = accepted == len(proposal.tokens)
+            self.block_cap = self.block_cap * 2 if full else self.block_start
             if accepted == 0:
                 self.paused = True
                 self.counters.pauses += 1
@@ -131,6 +142,7 @@ class PromptLookupDrafter(Drafter):
         if self.streak >= self.shadow_confirm:
             self.paused = False
             self.streak = 0
+            self.block_cap = self.block_start
             self.counters.resumes += 1
 
     def counters_line(self) -> str:

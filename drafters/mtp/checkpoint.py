@@ -49,8 +49,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlxcel.engine.model.config_file import read_config_json
+from mlxcel.drafters.mtp.structure import NEXTN_ARCHITECTURE_SUFFIX, is_assistant_checkpoint
 from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.model.config_file import read_config_json
 
 QWEN3_NEXT = "qwen3-next"
 DEEPSEEK_NEXTN = "deepseek-nextn"
@@ -60,7 +61,6 @@ LAYOUTS = (QWEN3_NEXT, DEEPSEEK_NEXTN, MIMO)
 EMBEDDING_FIRST = "embedding-first"
 HIDDEN_FIRST = "hidden-first"
 
-NEXTN_ARCHITECTURE_SUFFIX = "ForCausalLMNextN"
 
 
 @dataclass
@@ -259,11 +259,6 @@ def load_internal_mtp(target_path: str | Path) -> MtpCheckpoint:
         raise ModelLoadError(f"{path} has no MTP layers (no mtp.*, model.mtp_layers.* or "
                              f"model.layers.{{num_hidden_layers}}.eh_proj weights)")
     return parse_mtp(layout, config, weights, path, "internal")
-
-
-def is_assistant_checkpoint(config: dict) -> bool:
-    """A NextN export: an MTP-only checkpoint bound to a separate target."""
-    return any(str(a).endswith(NEXTN_ARCHITECTURE_SUFFIX) for a in config.get("architectures") or [])
 
 
 def load_assistant_mtp(path: str | Path) -> MtpCheckpoint:

@@ -34,22 +34,26 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
-from mlxcel.engine.speculative.proposal import Proposal
-from mlxcel.engine.errors import ModelLoadError
-from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.drafters.draws import DraftDraws, draw_draft
 from mlxcel.drafters.mtp.checkpoint import MtpCheckpoint, load_mtp, reload_mtp
+from mlxcel.drafters.mtp.head import MtpHead
+from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.drafter import ModelDrafter
+from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures
 
-from mlxcel.engine.speculative.drafter import ModelDrafter
-from mlxcel.drafters.draft_model import DraftDraws, draw_draft
-from mlxcel.drafters.mtp.head import MtpHead
+# Drafts per round by default: the head chains on its own output hidden states, whose agreement with
+# the target's decays with depth; three is the reference system's MTP default.
+MTP_BLOCK = 3
 
 
 class MtpDrafter(ModelDrafter):
     kind = "mtp"
     feature_layers: tuple[int, ...] = ()  # reads only the final normalised hidden state
+    declared_block = MTP_BLOCK
 
     def __init__(self, checkpoint: MtpCheckpoint, *, prefill_step: int = 512):
         self.checkpoint = checkpoint

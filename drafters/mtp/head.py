@@ -28,8 +28,8 @@ from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 from mlx_lm.utils import dequantize_model
 
-from mlxcel.engine.errors import ModelLoadError
 from mlxcel.drafters.mtp.checkpoint import EMBEDDING_FIRST, MtpCheckpoint, MtpModuleWeights
+from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.speculative.target_features import head_logits, inner_model
 
 

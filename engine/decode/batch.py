@@ -21,7 +21,6 @@ from typing import Any
 
 import mlx.core as mx
 
-
 # Architectures whose forward is exactly ``head(model.model(x))`` (mlx-lm's llama/qwen/mistral
 # family): for them a prefill chunk projects only its last position onto the vocabulary.
 _PLAIN_HEAD_TYPES = {"llama", "qwen2", "qwen3", "mistral", "smollm3"}

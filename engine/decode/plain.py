@@ -20,8 +20,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcel.engine.errors import PromptError
 from mlxcel.engine.decode.kv_cache import cache_length, rewind
+from mlxcel.engine.errors import PromptError
 from mlxcel.engine.sampling.chain import SamplerChain
 
 DEFAULT_PREFILL_STEP = 512

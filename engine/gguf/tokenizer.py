@@ -18,7 +18,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer, TokenizerWrapper
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
 
 from mlxcel.engine.errors import ModelLoadError
 
@@ -228,9 +230,6 @@ def build_tokenizer(metadata: dict[str, Any], source: str):
     """An mlx-lm ``TokenizerWrapper`` around a ``PreTrainedTokenizerFast`` built from the GGUF vocabulary.
 
     Returns ``(wrapper, special_ids)``."""
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer, TokenizerWrapper
-    from transformers import PreTrainedTokenizerFast
-
     tok, ids = build_tokenizers_object(metadata, source)
     tokens = metadata["tokenizer.ggml.tokens"]
 

@@ -15,14 +15,15 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.rope_utils import Llama3RoPE
 
-from mlxcel.engine.platform import device
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.gguf.config import ARCHITECTURES, architecture, model_config
 from mlxcel.engine.gguf.file import GGUFFile, read_gguf
 from mlxcel.engine.gguf.tensors import (
     NON_PARAMETER_TENSORS,
     QuantizedWeight,
+    dequantize_numpy,
     hf_name,
     llama_qk_rows,
     permute_rows,
@@ -30,6 +31,7 @@ from mlxcel.engine.gguf.tensors import (
 )
 from mlxcel.engine.gguf.tokenizer import build_tokenizer
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.platform import device
 
 log = logging.getLogger(__name__)
 
@@ -151,10 +153,6 @@ def apply_rope_freqs(model: nn.Module, gguf_file: GGUFFile, config: dict) -> Non
     ``Llama3RoPE`` passes wavelengths ``theta^(2i/d)`` (times its own correction) to
     ``mx.fast.rope``; we overwrite them with ``theta^(2i/d) * rope_freqs[i]`` so the stored
     factors, not a recomputation from parameters the GGUF does not carry, decide the result."""
-    from mlx_lm.models.rope_utils import Llama3RoPE
-
-    from mlxcel.engine.gguf.tensors import dequantize_numpy
-
     factors = mx.array(dequantize_numpy(gguf_file.tensors["rope_freqs.weight"]).reshape(-1))
     dims = config["head_dim"]
     base = mx.array(config["rope_theta"], dtype=mx.float32) ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.utils import dequantize_model, load as mlx_lm_load
+from huggingface_hub import hf_hub_download, snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError
+from mlx.utils import tree_flatten
+from mlx_lm.utils import dequantize_model
+from mlx_lm.utils import load as mlx_lm_load
 
-from mlxcel.engine.platform import device
-from mlxcel.engine.model.config_file import read_config_json
-from mlxcel.drafters.checkpoints import drafter_structure
 from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.model.config_file import read_config_json
+from mlxcel.engine.model.gguf_loader import load_gguf
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.platform import device
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +52,6 @@ def is_gguf(path: Path) -> bool:
 def resolve_hf(repo: str, filename: str | None) -> Path:
     """A file (``--hf-file``) or a whole snapshot of ``repo`` from the Hugging Face cache,
     downloading only when the hub is reachable and offline mode is off."""
-    from huggingface_hub import hf_hub_download, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
     try:
         if filename:
             return Path(hf_hub_download(repo, filename))
@@ -69,9 +71,14 @@ def load_model(
     *,
     hf_repo: str | None = None,
     hf_file: str | None = None,
+    check_config: Callable[[Path, dict], None] | None = None,
 ) -> LoadedModel:
     """Load a model for inference. ``model`` is a GGUF file or an MLX/HF directory; with
-    neither ``model`` nor ``hf_repo`` the built-in default model is loaded."""
+    neither ``model`` nor ``hf_repo`` the built-in default model is loaded.
+
+    ``check_config(path, config)`` sees a directory's config.json before anything else is read
+    and raises to refuse it; the drafter registry passes one that refuses drafter-only
+    checkpoints (``mlxcel.drafters.registry.load_target``)."""
     if model is None and hf_repo:
         path = resolve_hf(hf_repo, hf_file)
     elif model is None:
@@ -81,11 +88,9 @@ def load_model(
     if not path.exists():
         raise ModelLoadError(f"model not found: {path}")
     if is_gguf(path):
-        from mlxcel.engine.model.gguf_loader import load_gguf
-
         loaded = load_gguf(path)
     elif path.is_dir():
-        loaded = load_mlx_dir(path)
+        loaded = load_mlx_dir(path, check_config)
     elif path.suffix == ".gguf":
         raise ModelLoadError(f"{path} is not a GGUF file (bad magic); is it truncated or corrupt?")
     else:
@@ -95,16 +100,11 @@ def load_model(
     return loaded
 
 
-def load_mlx_dir(path: Path) -> LoadedModel:
+def load_mlx_dir(path: Path, check_config: Callable[[Path, dict], None] | None = None) -> LoadedModel:
     """An MLX or Hugging Face checkpoint directory (config.json + safetensors + tokenizer), via mlx-lm."""
     config = read_config_json(path, f"{path} has no config.json; not a model directory")
-    kind = drafter_structure(config)
-    if kind is not None:
-        raise ModelLoadError(
-            f"{path} is a {kind} drafter checkpoint, not a standalone model: it borrows the target's "
-            "embeddings and head. Pass a full model to -m, and this directory to mlxcel-server as its drafter "
-            f"(-md DIR, served on the {'MTP' if kind == 'mtp' else 'DFlash'} round loop)."
-        )
+    if check_config is not None:
+        check_config(path, config)
     try:
         model, tokenizer = mlx_lm_load(str(path))
     except ValueError as exc:  # mlx-lm: "Model type X not supported."
@@ -133,6 +133,4 @@ def apply_weight_policy(model) -> None:
 
 
 def _is_quantized(model) -> bool:
-    from mlx.utils import tree_flatten
-
     return any(name.endswith(".scales") for name, _ in tree_flatten(model.parameters()))

@@ -15,6 +15,7 @@ path (nothing when it cannot be built), which ``scripts/with-blas`` preloads.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
@@ -67,8 +68,6 @@ def shim_library(env=None) -> str | None:
 
 def loaded_shim():
     """A ctypes handle on the shim when this process has it loaded (preloaded at start), else None."""
-    import ctypes
-
     try:
         maps = Path("/proc/self/maps").read_text()
     except OSError:
@@ -82,8 +81,6 @@ def loaded_shim():
 def set_sgemv(on: bool) -> bool:
     """Route one-row matmuls through sgemv (True) or sgemm (False) from now on, in this process;
     False when the shim is not loaded. For benchmarks that compare both paths in one process."""
-    import ctypes
-
     lib = loaded_shim()
     if lib is None:
         return False

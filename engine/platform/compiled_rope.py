@@ -4,7 +4,7 @@ MLX's CPU backend has no native ``fast.rope``: it runs the fallback graph (about
 ops: frequencies, cos, sin, slices, products, a concatenation), ~90 us per call on a 2-core
 x86-64 box, twice per layer, 5 ms of a SmolLM2 decode step. Compiled with ``mx.compile`` the same
 graph is fused into a few kernels, ~40 us per call, with bitwise-identical output (checked for
-every offset in ``tests/test_decode_speed_paths.py``).
+every offset in ``tests/engine/platform/test_decode_speed_paths.py``).
 
 Only one-token calls take the compiled path (a decode step's shape never changes, so it is traced
 once per head count); prefill chunks and verify blocks keep ``mx.fast.rope``. The offset goes in

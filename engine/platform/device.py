@@ -11,11 +11,15 @@ preloaded.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from pathlib import Path
 
 import mlx.core as mx
+
+from mlxcel.engine.platform.blas_shim import shim_library
+from mlxcel.engine.platform.compiled_rope import compile_decode_rope
 
 # Debian's libopenblas0-pthread; the first that exists is used.
 OPENBLAS_CANDIDATES = (
@@ -81,8 +85,6 @@ def preload_libraries(env: dict | None = None) -> list[str]:
     lib = openblas_library()
     if lib is None:
         return []
-    from mlxcel.engine.platform.blas_shim import shim_library
-
     shim = shim_library(env)
     return [shim, lib] if shim else [lib]
 
@@ -107,8 +109,6 @@ def env_with_fast_blas(env: dict | None = None) -> dict:
 def set_blas_threads(n: int) -> bool:
     """Set OpenBLAS's thread count in this process (a server's ``-t N``); False when OpenBLAS is
     not loaded here."""
-    import ctypes
-
     lib = openblas_library()
     if lib is None or n < 1:
         return False
@@ -145,6 +145,4 @@ def prepare_for_decode(model) -> None:
     Nothing on Metal or CUDA. ``MLXCEL_COMPILED_ROPE=0`` turns it off."""
     if on_gpu() or os.environ.get("MLXCEL_COMPILED_ROPE", "1").lower() in ("0", "false", "no", "off"):
         return
-    from mlxcel.engine.platform.compiled_rope import compile_decode_rope
-
     compile_decode_rope(model)

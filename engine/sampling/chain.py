@@ -29,10 +29,17 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel.engine.sampling.dry import DryBreakers, apply_dry, breakers_from_strings, dry_enabled
+from mlxcel.engine.sampling.filters import (
+    NEG_INF,
+    Candidates,
+    min_p_filter,
+    top_candidates,
+    top_p_filter,
+    typical_filter,
+)
+from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.sampling.penalties import apply_penalties, penalties_enabled
 from mlxcel.engine.sampling.random_keys import position_key
-from mlxcel.engine.sampling.filters import NEG_INF, Candidates, min_p_filter, top_candidates, top_p_filter, typical_filter
-from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.sampling.xtc import xtc_coins, xtc_enabled, xtc_filter
 
 

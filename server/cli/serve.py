@@ -1,46 +1,18 @@
-"""``mlxcel-server`` / ``mlxcel serve``: parse llama-server's flags and run the HTTP server."""
+"""``mlxcel-server`` / ``mlxcel serve``: parse llama-server's flags, answer ``--help`` /
+``--version`` / ``--list-devices`` and refuse a bad command line at once, then hand over to
+``serving`` to run the server."""
 
 from __future__ import annotations
 
-import logging
-import os
-import signal
 import sys
+from importlib.metadata import version
 
-from mlxcel.server.cli.args import ArgumentError, ServerConfig, parse_args, usage
+import mlx.core as mx
 
-log = logging.getLogger("mlxcel.server")
-
-
-def _setup_logging(config: ServerConfig) -> None:
-    if config.log_disable:
-        logging.basicConfig(level=logging.CRITICAL + 1)
-        return
-    level = logging.DEBUG if config.verbose or config.verbosity >= 5 else (
-        logging.INFO if config.verbosity >= 3 else logging.WARNING if config.verbosity == 2 else logging.ERROR)
-    kwargs = {"filename": config.log_file} if config.log_file else {"stream": sys.stderr}
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", **kwargs)
-
-
-GRACEFUL_SHUTDOWN_S = 30  # at most this long for open connections to finish after SIGTERM
-
-
-def _server_class():
-    import uvicorn
-
-    class Server(uvicorn.Server):
-        """uvicorn's server, which also tells the scheduler to end in-flight requests when a
-        signal stops it: uvicorn stops accepting, the scheduler sends every running request an
-        error event (or error body), the connections close, and the process exits 0."""
-
-        on_exit = None
-
-        def handle_exit(self, sig, frame) -> None:
-            super().handle_exit(sig, frame)
-            if self.on_exit is not None:
-                self.on_exit()
-
-    return Server
+from mlxcel.engine.errors import MlxcelError
+from mlxcel.server.cli.args import parse_args, usage
+from mlxcel.server.runtime.config import ArgumentError
+from mlxcel.server.runtime.speculation_settings import resolve
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,93 +26,18 @@ def main(argv: list[str] | None = None) -> int:
         print(usage())
         return 0
     if config.version:
-        from importlib.metadata import version
-
         print(f"mlxcel-server {version('mlxcel')} (llama-server compatible)")
         return 0
     if config.list_devices:
-        import mlx.core as mx
-
         print(f"Available devices:\n  {mx.default_device()}")
         return 0
-    from mlxcel.engine.errors import MlxcelError
-    from mlxcel.server.runtime.speculation import SpeculationError, resolve
-
     try:
         resolve(config)  # a speculative setup that cannot work ends here, before anything loads
-    except (SpeculationError, MlxcelError) as exc:
+    except MlxcelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    _setup_logging(config)
-    for note in config.notes:
-        log.info("%s", note)
-    if config.hf_token:
-        os.environ["HF_TOKEN"] = config.hf_token
-    if config.offline:
-        os.environ["HF_HUB_OFFLINE"] = "1"
-    try:
-        config.api_keys()
-    except ArgumentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    # Only now the heavy part: mlx-lm (and transformers), FastAPI and uvicorn load here, so a
+    # command line refused above, --help and --version answer without them.
+    from mlxcel.server.cli.serving import run  # noqa: PLC0415 - defers mlx-lm, transformers, FastAPI
 
-    if config.threads and config.threads > 0:
-        from mlxcel.engine.platform.device import set_blas_threads
-
-        if not set_blas_threads(config.threads):
-            log.info("-t %d: OpenBLAS is not loaded in this process; nothing to set", config.threads)
-
-    import uvicorn
-
-    from mlxcel.server.http.app import create_app
-
-    _Server = _server_class()
-    app = create_app(config)
-    failed: list[BaseException] = []
-    server_ref: list[uvicorn.Server] = []
-
-    def on_load_error(exc: BaseException) -> None:  # a model that cannot load ends the server
-        failed.append(exc)
-        if server_ref:
-            server_ref[0].should_exit = True
-
-    app.state.on_load_error = on_load_error
-    # keep-alive as upstream's (5 s); --timeout bounds each request instead (see Scheduler)
-    uv_kwargs = {"log_level": "warning" if not config.verbose else "info", "timeout_keep_alive": 5,
-                 "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
-    if config.host.endswith(".sock"):
-        uv_kwargs["uds"] = config.host
-    else:
-        uv_kwargs.update(host=config.host, port=config.port)
-    if config.ssl_key_file or config.ssl_cert_file:
-        uv_kwargs.update(ssl_keyfile=config.ssl_key_file, ssl_certfile=config.ssl_cert_file)
-    server = _Server(uvicorn.Config(app, **uv_kwargs))
-    server.on_exit = lambda: app.state.server.scheduler and app.state.server.scheduler.begin_shutdown()
-    server_ref.append(server)
-    log.info("listening on %s:%s", config.host, config.port)
-    # uvicorn re-raises the signal that stopped it once it is done, under the handler that was in
-    # place before it ran: with this one a SIGTERM shutdown ends with exit status 0.
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    server.run()
-    if failed:
-        print(f"error: {failed[0]}", file=sys.stderr)
-    _exit_now(1 if failed else 0)
-    return 1 if failed else 0  # not reached
-
-
-def _exit_now(code: int) -> None:
-    """End the process once the server has shut down, skipping the interpreter's teardown: MLX
-    used from threads other than the main one (the engine and loading threads) can abort at
-    teardown ("terminate called without an active exception", ml-explore/mlx#3126), which would
-    turn a clean SIGTERM into exit status -6. Everything that matters is flushed first."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-if __name__ == "__main__":
-    from mlxcel.engine.platform.device import reexec_with_fast_blas
-
-    reexec_with_fast_blas()
-    sys.exit(main())
+    return run(config)

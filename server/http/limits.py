@@ -23,8 +23,8 @@ import asyncio
 import os
 from dataclasses import dataclass
 
-from mlxcel.server.runtime.errors import body_timeout, invalid, payload_too_large
 from mlxcel.server.http.sse import JsonResponse
+from mlxcel.server.runtime.errors import body_timeout, invalid, payload_too_large
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 _EXPIRED = float("inf")

@@ -6,7 +6,8 @@ import secrets
 import string
 import time
 
-from mlxcel.server.http.responses import SYSTEM_FINGERPRINT, slot_params
+from mlxcel.server.http.formats.openai import SYSTEM_FINGERPRINT
+from mlxcel.server.http.formats.settings import slot_params
 from mlxcel.server.runtime.slots import Slot
 from mlxcel.server.runtime.task import GenerationOptions
 

@@ -3,7 +3,7 @@ request bodies taken from the pydantic models the routes validate with (``schema
 response bodies and error shapes they send.
 
 The routes read raw bodies (to answer malformed JSON with upstream's messages), so FastAPI cannot
-derive this document itself; it is written here, and ``tests/test_server_fuzz.py`` holds the live
+derive this document itself; it is written here, and ``tests/server/http/test_fuzz.py`` holds the live
 server to it with schemathesis (``make fuzz`` for the long run).
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.server.runtime.errors import ERROR_STATUS
 from mlxcel.server.http.schema import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from mlxcel.server.runtime.errors import ERROR_STATUS
 
 JSON = "application/json"
 SSE = "text/event-stream"

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.server.cli.args import ServerConfig, parse_logit_bias_flag
-from mlxcel.server.runtime.errors import invalid
 from mlxcel.server.http.limits import check_stops
 from mlxcel.server.http.prompts import tokenize_text
-from mlxcel.server.http.schema import INT_MAX, SamplingFields, check_range
+from mlxcel.server.http.schema import SamplingFields
+from mlxcel.server.runtime.config import ArgumentError, ServerConfig
+from mlxcel.server.runtime.errors import invalid
 from mlxcel.server.runtime.task import GenerationOptions
 
 DEFAULT_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
@@ -201,21 +201,10 @@ def cap_n_predict(n_predict: int, server_n_predict: int) -> int:
 
 def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *, n_predict: int | None,
                        n_probs: int = 0, stream: bool | None = None) -> GenerationOptions:
-    """Merge a request over the server defaults. ``n_predict`` is the route's resolved length
-    field (``n_predict``/``max_tokens``/``max_completion_tokens``); ``n_probs`` the route's
-    resolved probability count."""
-    check_unsupported(req)
-    check_range("n_predict", n_predict, -1, INT_MAX)
-    check_range("n_probs", n_probs, 0, 1024)
-    check_range("repeat_last_n", req.repeat_last_n, -1, INT_MAX)
-    check_range("dry_allowed_length", req.dry_allowed_length, 0, INT_MAX)
-    check_range("dry_penalty_last_n", req.dry_penalty_last_n, 0, INT_MAX)
-    check_range("top_k", req.top_k, -INT_MAX, INT_MAX)
-    check_range("speculative.n_max", req.speculative_n_max, 0, INT_MAX)
-    check_range("speculative.n_min", req.speculative_n_min, 0, INT_MAX)
-    if req.dry_sequence_breakers is not None and not req.dry_sequence_breakers:
-        raise invalid("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a non-empty array of strings")
-
+    """Merge a request over the server defaults (its fields already checked by
+    ``plan.check_sampling_fields``). ``n_predict`` is the route's resolved length field
+    (``n_predict``/``max_tokens``/``max_completion_tokens``); ``n_probs`` the route's resolved
+    probability count."""
     known = _sampler_fields()
     params = {f: getattr(defaults.sampler, f) for f in known}
     for name in (*SAMPLER_SCALARS, "min_keep"):  # min_keep: a request field only
@@ -264,3 +253,21 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         speculative_types=defaults.speculative_types,
         echo=echo,
     )
+
+
+def parse_logit_bias_flag(entries: list[str] | None) -> dict[int, float]:
+    """``-l 15043+1`` / ``-l 15043-1`` / ``-l 15043-inf``."""
+    out: dict[int, float] = {}
+    for entry in entries or []:
+        for i in range(1, len(entry)):
+            if entry[i] in "+-":
+                try:
+                    out[int(entry[:i])] = float(entry[i:])
+                except ValueError:
+                    break
+                break
+        else:
+            raise ArgumentError(f"--logit-bias {entry!r}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS")
+        if not out:
+            raise ArgumentError(f"--logit-bias {entry!r}: expected TOKEN_ID+BIAS or TOKEN_ID-BIAS")
+    return out

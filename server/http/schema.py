@@ -13,8 +13,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from mlxcel.server.runtime.errors import ApiError, invalid, json_type_name
 from mlxcel.server.http.limits import MAX_JSON_DEPTH
+from mlxcel.server.runtime.errors import ApiError, invalid, json_type_name
 
 INT_MAX = 2147483647
 

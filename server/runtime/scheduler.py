@@ -17,7 +17,7 @@ the decode batch before the next step, so new requests join between steps withou
 running ones to finish.
 
 Speculating rows (a server with a drafter, see ``speculation``) never join the decode batch: each
-keeps its own single-sequence cache, and each tick runs one ``engine.speculative.verify.verify_round`` on it
+keeps its own single-sequence cache, and each tick runs one round of its ``SpeculativeSession`` on it
 (one target forward over ``[pending, drafts...]``, or a plain one-token step when its drafter has
 nothing worth verifying). Rejected drafts are rewound on that cache alone, which is exact; inside
 mlx-lm's batch caches a per-row rewind would mean rolling every row's whole KV history each round
@@ -39,11 +39,11 @@ from collections.abc import AsyncIterator
 from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
 from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
 from mlxcel.engine.model.loaded_model import LoadedModel
-from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.engine.sampling.chain import SamplerChain
-from mlxcel.engine.speculative.verify import verify_round
+from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.server.runtime.errors import ApiError, shutting_down, timed_out, unavailable
-from mlxcel.server.runtime.faults import FaultPlan, fail as inject_fault
+from mlxcel.server.runtime.faults import FaultPlan
+from mlxcel.server.runtime.faults import fail as inject_fault
 from mlxcel.server.runtime.metrics import Metrics
 from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
 from mlxcel.server.runtime.speculation import Speculation
@@ -265,8 +265,7 @@ class Scheduler:
                 elif self.speculation is not None and self.speculation.eligible(run.opts) \
                         and can_rewind(slot.cache, 1):
                     # a speculating row keeps its own cache (see the module docstring)
-                    run.spec = self.speculation.start_row(run.opts, run.prompt + run.generated, run.seed,
-                                                          self.vocab_size, self.n_ubatch)
+                    run.spec = self.speculation.start(run.opts, run.prompt + run.generated, run.seed, self.n_ubatch)
                 else:
                     self._batch.add(slot.id, slot.cache)
                     slot.cache = None
@@ -285,10 +284,8 @@ class Scheduler:
         """One verify round for a speculating row, on its own cache."""
         run, spec = slot.run, slot.run.spec
         try:
-            sequence = run.prompt + run.generated
-            k = spec.block(run.limit() - len(run.generated))
-            result = verify_round(self.lm.model, slot.cache, run.chain, spec.drafter, sequence, rule=spec.rule,
-                                  k=k, seed=run.seed)
+            result = spec.round(self.lm.model, slot.cache, run.chain, run.prompt + run.generated,
+                                run.limit() - len(run.generated))
             now = time.perf_counter()
             used = 0
             for token in result.emitted:
@@ -296,9 +293,8 @@ class Scheduler:
                 used += 1
                 if run.done:
                     break
-            accepted = min(result.accepted, used)
-            spec.record(result.proposed, accepted)
-            self.metrics.record_round(spec.stats.kind, result.proposed, accepted)
+            accepted = spec.record(result, used)
+            self.metrics.record_round(spec.counters.kind, result.proposed, accepted)
         except Exception as exc:
             log.exception("verify round failed in slot %d", slot.id)
             run.fail(_as_api_error(exc))

@@ -16,6 +16,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.server.runtime.detokenizer import IncrementalDetokenizer
 from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.stop_strings import find_stop, partial_stop_length
@@ -95,7 +96,7 @@ class SlotRun:
         self.done = False
         self.t_prefill_end = 0.0
         self.t_last = 0.0
-        self.spec = None  # speculation.SpecRow while this request speculates
+        self.spec: SpeculativeSession | None = None  # while this request speculates
         self.task_failed = False
         self.fault: str | None = None  # faults.FaultPlan stage armed for this request (tests only)
         stops = self.opts.stop
@@ -202,7 +203,7 @@ class SlotRun:
         """The nine base figures; with ``draft`` also the drafter's counters (only the final
         result carries them: a running total mid-stream is not a total yet). ``predicted_ms`` runs
         from the end of prefill over every verify round, as it does over plain steps."""
-        extra = {"draft": self.spec.stats} if draft and self.spec is not None else {}
+        extra = {"draft": self.spec.counters} if draft and self.spec is not None else {}
         return Timings(
             cache_n=self.cache_n,
             prompt_n=len(self.prompt) - self.cache_n,

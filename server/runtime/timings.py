@@ -7,29 +7,24 @@ per-second figures are derived as upstream derives them: the prompt rate over ``
 the generation rate over the ``predicted_n - 1`` tokens decoded after the first.
 
 Speculative decoding appends ``draft_n``, ``draft_n_accepted``, ``draft_rounds`` and ``draft_kind``
-— present only when a drafter ran at least one verify round; :class:`DraftStats` is the one place
-that adds them.
+— present only when a drafter ran at least one verify round; :func:`draft_timings` is the one place
+that adds them, formatting the session's counters (the CLI's acceptance line formats the same
+counters, ``engine.speculative.report``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from mlxcel.engine.speculative.session import SpeculativeCounters
 
 
-@dataclass
-class DraftStats:
-    """What a drafter did for one request (filled by the speculative path)."""
-
-    kind: str = ""
-    rounds: int = 0
-    drafted: int = 0
-    accepted: int = 0
-
-    def to_json(self) -> dict:
-        if self.rounds <= 0:
-            return {}
-        return {"draft_n": self.drafted, "draft_n_accepted": self.accepted,
-                "draft_rounds": self.rounds, "draft_kind": self.kind}
+def draft_timings(counters: SpeculativeCounters | None) -> dict:
+    """The draft keys of ``timings`` for a session's counters (none before its first verify round)."""
+    if counters is None or counters.rounds <= 0:
+        return {}
+    return {"draft_n": counters.proposed, "draft_n_accepted": counters.accepted,
+            "draft_rounds": counters.rounds, "draft_kind": counters.kind}
 
 
 @dataclass
@@ -39,7 +34,7 @@ class Timings:
     prompt_ms: float = 0.0
     predicted_n: int = 0
     predicted_ms: float = 0.0
-    draft: DraftStats = field(default_factory=DraftStats)
+    draft: SpeculativeCounters | None = None
 
     def to_json(self) -> dict:
         prompt_per_token = self.prompt_ms / self.prompt_n if self.prompt_n > 0 else 0.0
@@ -56,5 +51,5 @@ class Timings:
             "predicted_per_token_ms": predicted_per_token,
             "predicted_per_second": 1e3 / predicted_per_token if predicted_per_token > 0 else 0.0,
         }
-        out.update(self.draft.to_json())
+        out.update(draft_timings(self.draft))
         return out

@@ -1,0 +1,121 @@
+"""The native ``/completion`` format: llama-server's own body and stream chunks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
+from mlxcel.server.http.formats.probs import probs_json
+from mlxcel.server.http.formats.settings import generation_settings
+from mlxcel.server.http.plan import CompletionPlan, native_plan
+from mlxcel.server.http.state import ServerState
+from mlxcel.server.http.token_text import TokenText
+from mlxcel.server.runtime.task import GenerationOptions, Partial, Progress, Result
+
+
+def native_partial(partial: Partial, index: int, n_prompt: int, opts: GenerationOptions, text: TokenText) -> dict:
+    body = {
+        "index": index,
+        "content": partial.text,
+        "tokens": list(partial.tokens),
+        "stop": False,
+        "id_slot": -1,
+        "tokens_predicted": partial.n_predicted,
+        "tokens_evaluated": n_prompt,
+    }
+    if opts.n_probs > 0:
+        body["completion_probabilities"] = probs_json(partial.probs, text, opts.post_sampling_probs)
+    if partial.timings is not None:
+        body["timings"] = partial.timings.to_json()
+    return body
+
+
+def prompt_progress(progress: Progress) -> dict:
+    """The ``prompt_progress`` object of a native chunk and of a chat role chunk."""
+    return {"total": progress.total, "cache": progress.cache, "processed": progress.processed,
+            "time_ms": progress.time_ms}
+
+
+def native_progress(index: int, n_prompt: int, progress: Progress) -> dict:
+    return {
+        "index": index, "content": "", "tokens": [0], "stop": False, "id_slot": -1, "tokens_predicted": 0,
+        "tokens_evaluated": n_prompt, "prompt_progress": prompt_progress(progress),
+    }
+
+
+def native_final(result: Result, opts: GenerationOptions, *, index: int, model: str, prompt_text: str,
+                 text: TokenText, content: str | None = None) -> dict:
+    body = {
+        "index": index,
+        "content": result.content if content is None else content,
+        "tokens": list(result.tokens),
+        "id_slot": result.id_slot,
+        "stop": True,
+        "model": model,
+        "tokens_predicted": result.n_predicted,
+        "tokens_evaluated": result.n_prompt,
+        "generation_settings": generation_settings(opts),
+        "prompt": prompt_text,
+        "has_new_line": result.has_new_line,
+        "truncated": False,
+        "stop_type": result.stop_type,
+        "stopping_word": result.stopping_word,
+        "tokens_cached": result.tokens_cached,
+        "timings": result.timings.to_json(),
+    }
+    if opts.n_probs > 0 and content is None:
+        body["completion_probabilities"] = probs_json(result.probs, text, opts.post_sampling_probs)
+    return body
+
+
+def select_fields(body: dict, fields: list[str]) -> dict:
+    """``response_fields``: keep only the named fields; ``a/b`` reaches into nested objects and is
+    returned under its full path. Missing fields are left out."""
+    out = {}
+    for path in fields:
+        node: Any = body
+        for part in path.split("/"):
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            else:
+                break
+        else:
+            out[path] = node
+    return out
+
+
+def final_body(state: ServerState, plan: CompletionPlan, result: Result, index: int, *, streamed: bool) -> dict:
+    """The native body of task ``index`` (a streamed one's last chunk carries no content)."""
+    prompt_text = plan.rendered if plan.rendered is not None else state.loaded.tokenizer.decode(plan.prompt_of(index))
+    return native_final(result, plan.options, index=index, model=state.model_name, prompt_text=prompt_text,
+                        text=state.token_text, content="" if streamed else None)
+
+
+class NativeFormat(ResponseFormat):
+    def plan(self, state: ServerState, body: dict, t_arrival: float) -> CompletionPlan:
+        return native_plan(state, body, t_arrival)
+
+    def body(self, state: ServerState, plan: CompletionPlan, results: list[Result], indices: list[int]) -> Any:
+        bodies = [final_body(state, plan, r, i, streamed=False) for r, i in zip(results, indices)]
+        if plan.response_fields:
+            bodies = [select_fields(b, plan.response_fields) for b in bodies]
+        return bodies[0] if len(bodies) == 1 else bodies
+
+    def stream(self, state: ServerState, plan: CompletionPlan, indices: list[int]) -> CompletionStream:
+        return NativeStream(state, plan)
+
+
+class NativeStream(CompletionStream):
+    def __init__(self, state: ServerState, plan: CompletionPlan):
+        self.state = state
+        self.plan = plan
+
+    def progress(self, index: int, progress: Progress) -> list[dict]:
+        return [native_progress(index, len(self.plan.prompt_of(index)), progress)]
+
+    def partial(self, index: int, partial: Partial) -> list[dict]:
+        return [native_partial(partial, index, len(self.plan.prompt_of(index)), self.plan.options,
+                               self.state.token_text)]
+
+    def final(self, index: int, result: Result) -> list[dict]:
+        return [final_body(self.state, self.plan, result, index, streamed=True)]

@@ -1,0 +1,33 @@
+"""What every OpenAI-style body shares: ids, the fingerprint, finish reasons, usage and logprobs."""
+
+from __future__ import annotations
+
+import secrets
+import string
+
+from mlxcel.server.http.formats.probs import probs_json
+from mlxcel.server.http.token_text import TokenText
+from mlxcel.server.runtime.task import Result
+
+SYSTEM_FINGERPRINT = "b0-mlxcel"
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def completion_id() -> str:
+    return "chatcmpl-" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(32))
+
+
+def finish_reason(stop_type: str) -> str:
+    return "length" if stop_type == "limit" else "stop"
+
+
+def usage(results: list[Result]) -> dict:
+    prompt = results[0].n_prompt if results else 0
+    completion = sum(r.n_predicted for r in results)
+    cached = results[0].timings.cache_n if results else 0
+    return {"completion_tokens": completion, "prompt_tokens": prompt, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def logprobs_json(result: Result, text: TokenText, top_n: int | None) -> dict:
+    return {"content": probs_json(result.probs, text, False, top_n)}

@@ -1,0 +1,69 @@
+"""The one completion pipeline every completion-style route runs:
+
+    body -> plan (``format.plan``: every check, once) -> tasks on the scheduler
+         -> stream: events -> ``format.stream`` chunks -> SSE
+         -> or gather: results -> ``format.body`` -> JSON
+
+The pipeline knows nothing of any API's shapes; a :class:`ResponseFormat` knows nothing of tasks,
+events or transport. Adding an API is adding a format.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
+from mlxcel.server.http.schema import parse_body
+from mlxcel.server.http.sse import DONE, JsonResponse, event, event_stream
+from mlxcel.server.http.state import ServerState
+from mlxcel.server.http.tasks import gather_results, merged_events, open_tasks, until_disconnect
+from mlxcel.server.runtime.errors import ApiError
+from mlxcel.server.runtime.scheduler import TaskHandle
+from mlxcel.server.runtime.task import Final, Partial, Progress
+
+
+async def read_body(request: Request) -> dict:
+    """The request's JSON object body (a 400 for anything else)."""
+    return parse_body(await request.body())
+
+
+async def complete(request: Request, fmt: ResponseFormat) -> Response:
+    """Serve one completion request in ``fmt``'s shapes."""
+    t_arrival = time.perf_counter()
+    state: ServerState = request.app.state.server
+    plan = fmt.plan(state, await read_body(request), t_arrival)
+    handles = open_tasks(state, plan)
+    indices = [h.index for h in handles]
+    if plan.stream:
+        return event_stream(_chunks(fmt.stream(state, plan, indices), handles))
+    results = await until_disconnect(request, gather_results(handles))
+    return JsonResponse(fmt.body(state, plan, results, indices))
+
+
+async def _chunks(writer: CompletionStream, handles: list[TaskHandle]) -> AsyncIterator[bytes]:
+    """The SSE frames of one streamed response; a failure ends it with an error event."""
+    try:
+        for chunk in writer.opening():
+            yield event(chunk)
+        async for i, ev in merged_events(handles):
+            index = handles[i].index
+            if isinstance(ev, Partial):
+                chunks = writer.partial(index, ev)
+            elif isinstance(ev, Progress):
+                chunks = writer.progress(index, ev)
+            elif isinstance(ev, Final):
+                chunks = writer.final(index, ev.result)
+            else:
+                raise TypeError(f"unexpected task event {type(ev).__name__}")
+            for chunk in chunks:
+                yield event(chunk)
+        if writer.done_marker:
+            yield DONE
+    except ApiError as exc:
+        yield event(exc.body())
+
+

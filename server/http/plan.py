@@ -1,0 +1,172 @@
+"""A completion request, validated once into a :class:`CompletionPlan`.
+
+Every completion-style route parses its body here and nowhere else: the body's types
+(``schema``), the prompt or the chat messages rendered through the template (``prompts``,
+``chat_template``), the context and prompt limits, the number of choices, and the sampler and
+options merged over the server's defaults (``request_params``). Every range check of a completion
+request happens in this module or the ones it calls; routes and response formats hold none. What
+comes out is everything the pipeline needs to open tasks and a response format needs to shape
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mlxcel.server.http.chat_template import apply_template, normalize_messages
+from mlxcel.server.http.prompts import check_tokens, least_tokens, split_prompts, tokenize_prompt
+from mlxcel.server.http.request_params import check_unsupported, generation_options
+from mlxcel.server.http.schema import INT_MAX, ChatRequest, CompletionRequest, SamplingFields, check_range, validate
+from mlxcel.server.http.state import ServerState
+from mlxcel.server.runtime.errors import context_exceeded, context_exceeded_at_least, invalid
+from mlxcel.server.runtime.task import GenerationOptions
+
+
+@dataclass
+class CompletionPlan:
+    """A validated completion request.
+
+    ``prompts`` holds one token list per prompt; the request runs ``n`` completions of each, task
+    ``p * n + k`` being the ``k``-th completion of prompt ``p``. ``rendered`` is a chat request's
+    prompt text (the template's output), which the verbose body echoes."""
+
+    prompts: list[list[int]]
+    options: GenerationOptions
+    n: int
+    t_arrival: float
+    rendered: str | None = None
+    logprobs: bool = False  # an OpenAI body carries logprobs
+    top_n: int | None = None  # chat: top_logprobs
+    include_usage: bool = False  # stream_options.include_usage
+    response_fields: list[str] | None = None  # native: only these fields of each body
+    verbose: bool = False  # chat: __verbose carries the native body
+
+    @property
+    def stream(self) -> bool:
+        return self.options.stream
+
+    def prompt_of(self, index: int) -> list[int]:
+        """The prompt of task ``index``."""
+        return self.prompts[index // self.n]
+
+
+def most_at_once(state: ServerState) -> int:
+    """Completions this server can hold at once (slots plus --max-queue); a request asking for
+    more could never be queued, so it is refused 400, not 503."""
+    return state.limits.max_queue + len(state.scheduler.slots)
+
+
+def prompt_tokens(state: ServerState, prompt: Any) -> list[int]:
+    """One prompt (any form upstream accepts) as token ids, refused when it cannot fit."""
+    n_ctx = state.scheduler.n_ctx
+    least = least_tokens(prompt, state.piece_chars)
+    if least >= n_ctx:
+        raise context_exceeded_at_least(least, n_ctx)
+    tokens = tokenize_prompt(state.loaded, prompt)
+    if not tokens:
+        raise invalid("the prompt is empty: it must contain at least one token")
+    check_tokens(tokens, state.loaded.vocab_size)
+    if len(tokens) >= n_ctx:
+        raise context_exceeded(len(tokens), n_ctx)
+    state.limits.check_prompt(len(tokens))
+    return tokens
+
+
+def render_chat(state: ServerState, req: ChatRequest, body: dict) -> str:
+    """A chat request's messages through the template in force, as prompt text."""
+    if "messages" not in body:
+        raise invalid("'messages' is required")
+    messages = normalize_messages(req.messages)
+    kwargs = {**state.template_kwargs, **(req.chat_template_kwargs or {})}
+    add_gen = True if req.add_generation_prompt is None else req.add_generation_prompt
+    return apply_template(state.loaded.tokenizer, state.template, messages, add_gen, kwargs)
+
+
+def check_sampling_fields(req: SamplingFields, n_predict: int | None, n_probs: int) -> None:
+    """What a request asks of the sampler, checked as upstream checks it: refusals of what mlxcel
+    does not implement first, then every range."""
+    check_unsupported(req)
+    check_range("n_predict", n_predict, -1, INT_MAX)
+    check_range("n_probs", n_probs, 0, 1024)
+    check_range("repeat_last_n", req.repeat_last_n, -1, INT_MAX)
+    check_range("dry_allowed_length", req.dry_allowed_length, 0, INT_MAX)
+    check_range("dry_penalty_last_n", req.dry_penalty_last_n, 0, INT_MAX)
+    check_range("top_k", req.top_k, -INT_MAX, INT_MAX)
+    check_range("speculative.n_max", req.speculative_n_max, 0, INT_MAX)
+    check_range("speculative.n_min", req.speculative_n_min, 0, INT_MAX)
+    if req.dry_sequence_breakers is not None and not req.dry_sequence_breakers:
+        raise invalid("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a non-empty array of strings")
+
+
+def _options(state: ServerState, req: SamplingFields, n_predict: int | None, n_probs: int) -> GenerationOptions:
+    check_sampling_fields(req, n_predict, n_probs)
+    return generation_options(req, state.defaults, state.loaded, n_predict=n_predict, n_probs=n_probs)
+
+
+def _choices(state: ServerState, value: int | None, field_name: str) -> int:
+    n = 1 if value is None else value
+    check_range(field_name, n, 1, len(state.scheduler.slots))
+    return n
+
+
+def _check_total(state: ServerState, n_prompts: int, n: int) -> None:
+    most = most_at_once(state)
+    if n_prompts * n > most:
+        raise invalid(f"the request asks for {n_prompts * n} completions; this server runs at most {most} "
+                      "at once (slots plus --max-queue)")
+
+
+def _completion_prompts(state: ServerState, body: dict) -> tuple[CompletionRequest, list[list[int]]]:
+    """A ``/completion``-style body and its prompt(s) as token lists."""
+    req = validate(CompletionRequest, body)
+    if "prompt" not in body:
+        raise invalid("key 'prompt' not found")
+    parts = split_prompts(req.prompt)
+    most = most_at_once(state)
+    if len(parts) > most:
+        raise invalid(f"the request has {len(parts)} prompts; this server runs at most {most} at once "
+                      "(slots plus --max-queue)")
+    return req, [prompt_tokens(state, p) for p in parts]
+
+
+def native_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPlan:
+    """``POST /completion`` (and ``/completions``)."""
+    req, prompts = _completion_prompts(state, body)
+    n = _choices(state, req.n_cmpl, "n_cmpl")
+    n_predict = req.n_predict if req.n_predict is not None else req.max_tokens
+    opts = _options(state, req, n_predict, req.n_probs or 0)
+    _check_total(state, len(prompts), n)
+    return CompletionPlan(prompts, opts, n, t_arrival, response_fields=req.response_fields)
+
+
+def oai_completion_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPlan:
+    """``POST /v1/completions``."""
+    req, prompts = _completion_prompts(state, body)
+    n = _choices(state, req.n, "n")
+    n_predict = req.max_tokens if req.max_tokens is not None else req.n_predict
+    logprobs = req.logprobs
+    n_probs = 0 if logprobs in (None, False) else (1 if logprobs is True else int(logprobs))
+    check_range("logprobs", n_probs, 0, 1024)
+    opts = _options(state, req, n_predict, n_probs)
+    _check_total(state, len(prompts), n)
+    return CompletionPlan(prompts, opts, n, t_arrival, logprobs=bool(n_probs))
+
+
+def chat_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPlan:
+    """``POST /v1/chat/completions`` (and ``/chat/completions``)."""
+    req = validate(ChatRequest, body)
+    prompt = render_chat(state, req, body)
+    tokens = prompt_tokens(state, prompt)
+    n = _choices(state, req.n, "n")
+    n_predict = next((v for v in (req.max_completion_tokens, req.max_tokens, req.n_predict) if v is not None), None)
+    check_range("max_tokens", n_predict, -1, INT_MAX)
+    top_n = req.top_logprobs if req.logprobs else None
+    if top_n is not None:
+        check_range("top_logprobs", top_n, 0, 20)
+    n_probs = max(top_n or 0, 1) if req.logprobs else 0
+    opts = _options(state, req, n_predict, n_probs)
+    _check_total(state, 1, n)
+    return CompletionPlan([tokens], opts, n, t_arrival, rendered=prompt, logprobs=bool(req.logprobs), top_n=top_n,
+                          include_usage=bool((req.stream_options or {}).get("include_usage")),
+                          verbose=bool(req.verbose))

@@ -1,0 +1,84 @@
+"""Routes that describe the server: health, ``/props``, ``/models``, ``/slots``, ``/metrics``,
+LoRA adapters (none), the OpenAPI document and the root."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from mlxcel.server.http import model_info
+from mlxcel.server.http.openapi import document
+from mlxcel.server.http.pipeline import read_body
+from mlxcel.server.http.sse import JsonResponse
+from mlxcel.server.http.state import ServerState
+from mlxcel.server.runtime.errors import invalid, not_supported
+
+
+async def health() -> JsonResponse:
+    return JsonResponse({"status": "ok"})
+
+
+async def get_props(request: Request) -> JsonResponse:
+    return JsonResponse(model_info.props(request.app.state.server))
+
+
+async def post_props(request: Request) -> JsonResponse:
+    if not request.app.state.server.config.props:
+        raise not_supported("This server does not support changing global properties. Start it with `--props`")
+    await read_body(request)
+    return JsonResponse({"success": True})
+
+
+async def get_models(request: Request) -> JsonResponse:
+    return JsonResponse(model_info.models(request.app.state.server))
+
+
+async def get_slots(request: Request) -> JsonResponse:
+    state: ServerState = request.app.state.server
+    if not state.config.slots:
+        raise not_supported("This server does not support slots endpoint. Start it with `--slots`")
+    default = state.default_options()
+    return JsonResponse([model_info.slot_json(s, default, state.scheduler.speculation is not None)
+                         for s in state.scheduler.slots])
+
+
+async def metrics(request: Request) -> PlainTextResponse:
+    state: ServerState = request.app.state.server
+    if not state.config.metrics:
+        raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
+    text = state.metrics.render(state.scheduler.processing, state.scheduler.deferred)
+    return PlainTextResponse(text, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def lora_adapters() -> JsonResponse:
+    return JsonResponse([])
+
+
+async def set_lora_adapters(request: Request) -> JsonResponse:
+    if (await request.body()).strip():
+        await read_body(request)  # a malformed body is refused as on every other route
+    raise invalid("no LoRA adapters are loaded")
+
+
+async def openapi_document() -> JsonResponse:
+    return JsonResponse(document())
+
+
+async def root() -> Response:
+    return Response("mlxcel-server: llama-server compatible API (no web UI)\n", media_type="text/plain")
+
+
+def add_routes(router: APIRouter) -> None:
+    for path in ("/health", "/v1/health"):
+        router.add_api_route(path, health, methods=["GET"])
+    router.add_api_route("/props", get_props, methods=["GET"])
+    router.add_api_route("/props", post_props, methods=["POST"])
+    for path in ("/models", "/v1/models"):
+        router.add_api_route(path, get_models, methods=["GET"])
+    router.add_api_route("/slots", get_slots, methods=["GET"])
+    router.add_api_route("/metrics", metrics, methods=["GET"])
+    router.add_api_route("/lora-adapters", lora_adapters, methods=["GET"])
+    router.add_api_route("/lora-adapters", set_lora_adapters, methods=["POST"])
+    router.add_api_route("/openapi.json", openapi_document, methods=["GET"])
+    router.add_api_route("/", root, methods=["GET"])

@@ -1,0 +1,60 @@
+"""Tokenizer and template routes: ``/tokenize``, ``/detokenize``, ``/apply-template`` and
+``/v1/chat/completions/input_tokens``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.requests import Request
+
+from mlxcel.server.http.pipeline import read_body
+from mlxcel.server.http.plan import render_chat
+from mlxcel.server.http.prompts import bos_prefix, tokenize_prompt, tokenize_text
+from mlxcel.server.http.schema import ChatRequest, DetokenizeRequest, TokenizeRequest, validate
+from mlxcel.server.http.sse import JsonResponse
+from mlxcel.server.http.state import ServerState
+from mlxcel.server.runtime.errors import invalid, json_type_name
+
+
+async def tokenize(request: Request) -> JsonResponse:
+    state: ServerState = request.app.state.server
+    req = validate(TokenizeRequest, await read_body(request))
+    if req.content is None:
+        return JsonResponse({"tokens": []})
+    ids = tokenize_text(state.loaded.tokenizer, req.content, add_special=False, parse_special=req.parse_special)
+    if req.add_special:
+        ids = bos_prefix(state.loaded) + ids
+    if req.with_pieces:
+        return JsonResponse({"tokens": [{"id": t, "piece": state.token_text.piece(t)} for t in ids]})
+    return JsonResponse({"tokens": ids})
+
+
+async def detokenize(request: Request) -> JsonResponse:
+    state: ServerState = request.app.state.server
+    body = await read_body(request)
+    if "tokens" in body and not isinstance(body["tokens"], list):
+        raise invalid(f"type must be array, but is {json_type_name(body['tokens'])}")
+    req = validate(DetokenizeRequest, body)
+    tokens = req.tokens or []
+    if any(t < 0 or t >= state.loaded.vocab_size for t in tokens):
+        raise invalid("tokens contain invalid ids")
+    return JsonResponse({"content": state.loaded.tokenizer.decode(tokens)})
+
+
+async def apply_template(request: Request) -> JsonResponse:
+    state: ServerState = request.app.state.server
+    body = await read_body(request)
+    return JsonResponse({"prompt": render_chat(state, validate(ChatRequest, body), body)})
+
+
+async def chat_input_tokens(request: Request) -> JsonResponse:
+    state: ServerState = request.app.state.server
+    body = await read_body(request)
+    tokens = tokenize_prompt(state.loaded, render_chat(state, validate(ChatRequest, body), body))
+    return JsonResponse({"input_tokens": len(tokens), "object": "response.input_tokens"})
+
+
+def add_routes(router: APIRouter) -> None:
+    router.add_api_route("/tokenize", tokenize, methods=["POST"])
+    router.add_api_route("/detokenize", detokenize, methods=["POST"])
+    router.add_api_route("/apply-template", apply_template, methods=["POST"])
+    router.add_api_route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"])

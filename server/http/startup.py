@@ -1,0 +1,58 @@
+"""Loading the model into a :class:`ServerState`: the model, its chat template and the request
+defaults, the drafter, and the scheduler that serves them. Runs on a background thread after the
+server starts listening (every route answers 503 until it is done)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from mlx.utils import tree_flatten
+
+from mlxcel.drafters.loading import load_target
+from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.server.http.chat_template import resolve_template
+from mlxcel.server.http.prompts import longest_piece
+from mlxcel.server.http.request_params import build_defaults
+from mlxcel.server.http.state import ServerState
+from mlxcel.server.http.token_text import TokenText
+from mlxcel.server.runtime.scheduler import Scheduler
+from mlxcel.server.runtime.speculation import Speculation
+from mlxcel.server.runtime.speculation_settings import resolve
+
+log = logging.getLogger(__name__)
+
+
+def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = None) -> None:
+    """Load everything ``state.config`` asks for and start the scheduler (``state.ready`` after).
+    ``loader()`` replaces loading the configured model (tests)."""
+    config = state.config
+    loaded = loader() if loader is not None else load_target(config.model, hf_repo=config.hf_repo,
+                                                             hf_file=config.hf_file)
+    template_src = config.chat_template
+    if config.chat_template_file:
+        with open(config.chat_template_file, encoding="utf-8") as f:
+            template_src = f.read()
+    state.template = resolve_template(loaded.chat_template, template_src)
+    if config.chat_template_kwargs:
+        state.template_kwargs = json.loads(config.chat_template_kwargs)
+    state.defaults = build_defaults(config)
+    # as upstream: the alias, else the model argument as given (the file name for the default)
+    state.model_name = config.alias.split(",")[0] if config.alias else (
+        config.model or config.hf_repo or loaded.path.name)
+    state.token_text = TokenText(loaded.tokenizer)
+    state.piece_chars = longest_piece(loaded.tokenizer)
+    state.n_params = int(sum(v.size for _, v in tree_flatten(loaded.model.parameters())))
+    state.loaded = loaded
+    settings = resolve(config)
+    speculation = Speculation.load(settings, loaded, config.ubatch_size) if settings is not None else None
+    if settings is not None:
+        state.defaults.speculative_types = f"none,{settings.spec_type}"
+    scheduler = Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, n_batch=config.batch_size,
+                          n_ubatch=config.ubatch_size, metrics=state.metrics, max_queue=state.limits.max_queue,
+                          slot_prompt_similarity=config.slot_prompt_similarity, speculation=speculation,
+                          timeout=float(config.timeout))
+    scheduler.start()
+    state.scheduler = scheduler
+    log.info("model %s loaded; %d slots, n_ctx %d", state.model_name, len(scheduler.slots), scheduler.n_ctx)

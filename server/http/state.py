@@ -1,0 +1,41 @@
+"""What the HTTP layer holds for the life of the server: the configuration, the loaded model and
+everything derived from it at load time (template, defaults, scheduler), and the counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.server.http.limits import Limits
+from mlxcel.server.http.request_params import ServerDefaults
+from mlxcel.server.http.token_text import TokenText
+from mlxcel.server.runtime.config import ServerConfig
+from mlxcel.server.runtime.metrics import Metrics
+from mlxcel.server.runtime.scheduler import Scheduler
+from mlxcel.server.runtime.task import GenerationOptions
+
+
+@dataclass
+class ServerState:
+    config: ServerConfig
+    loaded: LoadedModel | None = None
+    scheduler: Scheduler | None = None
+    defaults: ServerDefaults = field(default_factory=ServerDefaults)
+    model_name: str = ""
+    template: str | None = None
+    template_kwargs: dict = field(default_factory=dict)
+    token_text: TokenText | None = None
+    metrics: Metrics = field(default_factory=Metrics)
+    load_error: str | None = None
+    api_keys: list[str] = field(default_factory=list)
+    limits: Limits = field(default_factory=Limits)
+    n_params: int = 0  # counted at load time, so no MLX call happens on the event loop
+    piece_chars: int = 0  # longest vocabulary piece, for prompts.least_tokens
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler is not None
+
+    def default_options(self) -> GenerationOptions:
+        d = self.defaults
+        return GenerationOptions(sampler=d.sampler, seed=d.seed, n_predict=d.n_predict, samplers=list(d.samplers))
