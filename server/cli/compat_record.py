@@ -63,17 +63,48 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("GET", "/", "divergent", "a plain-text banner instead of the web UI"),
     ("GET", "/openapi.json", "extension", "mlxcel: the server's own OpenAPI 3.1 document (upstream has none); "
      "the fuzz tests run against it"),
-    ("POST", "/v1/messages", "planned", "Anthropic Messages API: not implemented yet (404)"),
-    ("POST", "/v1/messages/count_tokens", "planned", "Anthropic Messages API: not implemented yet (404)"),
-    ("POST", "/v1/responses", "planned", "OpenAI Responses API: not implemented yet (404)"),
+    ("POST", "/v1/messages", "planned", "Anthropic Messages API: not implemented yet (501 not_supported_error)"),
+    ("POST", "/v1/messages/count_tokens", "planned", "Anthropic Messages API: not implemented yet (501)"),
+    ("POST", "/v1/responses", "planned", "OpenAI Responses API: not implemented yet (501 not_supported_error)"),
+    ("POST", "/responses", "planned", "OpenAI Responses API: not implemented yet (501)"),
+    ("POST", "/v1/responses/input_tokens", "planned", "OpenAI Responses API: not implemented yet (501)"),
+    ("POST", "/responses/input_tokens", "planned", "OpenAI Responses API: not implemented yet (501)"),
+    ("POST", "/chat/completions/input_tokens", "aliased", "/v1/chat/completions/input_tokens"),
+    ("POST", "/v1/chat/completions/control", "refused", "501 not_supported_error: no control channel into a "
+     "running chat completion"),
+    ("POST", "/v1/audio/transcriptions", "not-applicable", "501 not_supported_error: text models only"),
+    ("POST", "/audio/transcriptions", "not-applicable", "501 not_supported_error: text models only"),
+    ("POST", "/v1/systemone", "refused", "501 not_supported_error: upstream's SystemOne task API is not implemented"),
+    ("GET", "/v1/stream", "refused", "501 not_supported_error: resumable streams are not implemented"),
+    ("DELETE", "/v1/stream", "refused", "501 not_supported_error: resumable streams are not implemented"),
+    ("POST", "/v1/streams/lookup", "refused", "501 not_supported_error: resumable streams are not implemented"),
+    ("GET", "/tools", "not-applicable", "403 feature_disabled, upstream's answer without --tools"),
+    ("POST", "/tools", "not-applicable", "403 feature_disabled, upstream's answer without --tools"),
+    ("GET", "/cors-proxy", "not-applicable", "403 feature_disabled, upstream's answer without --ui-mcp-proxy"),
+    ("POST", "/cors-proxy", "not-applicable", "403 feature_disabled, upstream's answer without --ui-mcp-proxy"),
+    ("GET", "/models/sse", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
+    ("POST", "/models", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
+    ("DELETE", "/models", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
+    ("POST", "/models/load", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
+    ("POST", "/models/unload", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
 ]
 
 # (field, state, note) for the completion routes
 REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("prompt", "supported", "string, token array, mixed array, {prompt_string} object, array of prompts"),
-    ("n_predict", "divergent", "0 generates nothing (upstream still generates one token)"),
+    ("n_predict", "divergent", "0 generates nothing (upstream still generates one token); a request's own value "
+     "wins over -n, which is only the default, as upstream"),
     ("max_tokens", "aliased", "n_predict"),
-    ("max_completion_tokens", "aliased", "n_predict (chat)"),
+    ("max_completion_tokens", "aliased", "n_predict (every completion route, as upstream's schema)"),
+    ("n_indent", "supported", "each line after the first needs that much indentation, or the generation ends there"),
+    ("t_max_predict_ms", "supported", "past that much generation time the next newline ends the generation"),
+    ("n_cache_reuse", "divergent", "accepted: the common prompt prefix is reused, chunks are not reused by KV shifting; "
+     "the output is the same"),
+    ("sse_ping_interval", "supported", "an SSE comment after that many silent seconds of a stream"),
+    ("backend_sampling", "divergent", "accepted: sampling runs where MLX runs the model (no separate backend); the "
+     "output is the same"),
+    ("echo", "supported", "OpenAI completions: the prompt's text before the completion"),
+    ("multimodal_data", "refused", "400: text models only (a prompt object with multimodal_data)"),
     ("temperature", "supported", ""),
     ("top_k", "supported", ""),
     ("top_p", "supported", "values above 1 are clamped to 1, as upstream does"),
@@ -105,13 +136,24 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("response_fields", "supported", ""),
     ("timings_per_token", "supported", ""),
     ("stream", "supported", ""),
-    ("stream_options.include_usage", "supported", ""),
+    ("stream_options", "supported", "include_usage"),
+    ("include_usage", "supported", "stream_options.include_usage: a usage chunk ends a chat stream"),
     ("n_cmpl", "supported", "1..number of slots"),
     ("n", "aliased", "n_cmpl (OpenAI routes)"),
     ("samplers", "divergent", "stages may be left out (disabled); a different order is refused with 400"),
     ("messages", "supported", "string content or text parts; a non-string role is 400 (upstream: 500)"),
     ("chat_template_kwargs", "supported", ""),
-    ("verbose", "supported", "chat: adds __verbose with the native body"),
+    ("add_generation_prompt", "supported", "chat"),
+    ("continue_final_message", "supported", "chat: a final assistant message is continued (also without the field, "
+     "as upstream); with add_generation_prompt true it is 400, as are two assistant messages at the end"),
+    ("tools", "divergent", "rendered by the model's chat template (and in /apply-template, input_tokens); the output "
+     "is not parsed into tool_calls yet"),
+    ("tool_choice", "divergent", "accepted; calls are not forced or parsed yet (the tools are rendered)"),
+    ("parallel_tool_calls", "divergent", "accepted; tool calls are not parsed yet"),
+    ("reasoning_format", "divergent", "none and auto are accepted and the reasoning stays in content (mlxcel does not "
+     "split it yet); deepseek and deepseek-legacy are 400"),
+    ("reasoning_effort", "supported", "passed to the chat template as upstream passes it ('none' is not)"),
+    ("verbose", "supported", "chat: adds __verbose with the native body (so does a server started with --verbose)"),
     ("n_keep", "ignored", "no context shift: echoed only"),
     ("n_discard", "ignored", "no context shift: echoed only"),
     ("min_keep", "supported", ""),
@@ -129,10 +171,22 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("lora", "refused", "shape checked as upstream; any adapter id is 400 (none loaded)"),
     ("speculative.n_max", "supported", "caps the request's draft block; 0 makes it a plain (non-speculating) request"),
     ("speculative.n_min", "supported", "a shorter block is not verified (the row decodes plainly that step)"),
-    ("speculative.p_min", "ignored", "draft blocks are not cut by draft probability"),
+    ("speculative.p_min", "divergent", "accepted (0..1): draft blocks are not cut by draft probability; every rule is "
+     "lossless, so only the speed can differ"),
+    ("speculative.type", "supported", "'none' decodes the request plainly; the server's own type speculates; any "
+     "other type is 400 (one drafter per server)"),
+    ("speculative.ngram_size_n", "supported", "prompt lookup: the longest n-gram matched for this request"),
+    ("speculative.ngram_size_m", "supported", "prompt lookup: the request's block cap (speculative.n_max wins)"),
+    ("speculative.ngram_min_hits", "divergent", "1: every lookup match is proposed; a larger value is 400"),
     ("timings.draft_n", "divergent", "with draft_n_accepted as upstream, plus mlxcel's draft_rounds and draft_kind; "
      "present only when a drafter ran a verify round, and on chat only on the final chunk / body"),
     ("model", "ignored", "one model is served; the name is not checked"),
+    *((name, "refused", "400 unless null: set by llama-server's chat parser for the tasks it builds; mlxcel has no "
+       "such parser") for name in ("chat_format", "chat_parser", "generation_prompt", "parse_tool_calls",
+                                   "preserved_tokens", "grammar_lazy", "grammar_triggers", "reasoning_control")),
+    *((name, "refused", "400 unless null: reasoning budgets are not implemented")
+      for name in ("reasoning_budget_tokens", "reasoning_budget_start_tag", "reasoning_budget_end_tag",
+                   "reasoning_budget_end_tags", "reasoning_budget_message", "thinking_budget_tokens")),
 ]
 
 

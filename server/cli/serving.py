@@ -11,6 +11,7 @@ import sys
 import uvicorn
 
 from mlxcel.engine.platform.device import set_blas_threads
+from mlxcel.server.cli.listen import bind, hosts
 from mlxcel.server.http.app import create_app
 from mlxcel.server.runtime.config import ArgumentError, ServerConfig
 
@@ -79,20 +80,28 @@ def run(config: ServerConfig) -> int:
     # keep-alive as upstream's (5 s); --timeout bounds each request instead (see Scheduler)
     uv_kwargs = {"log_level": "warning" if not config.verbose else "info", "timeout_keep_alive": 5,
                  "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
-    if config.host.endswith(".sock"):
-        uv_kwargs["uds"] = config.host
+    addresses = hosts(config.host)
+    sockets = None
+    if len(addresses) > 1:  # several addresses: bound here, then served by one uvicorn server
+        try:
+            sockets = bind(config.host, config.port)
+        except OSError as exc:
+            print(f"error: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+    elif addresses[0].endswith(".sock"):
+        uv_kwargs["uds"] = addresses[0]
     else:
-        uv_kwargs.update(host=config.host, port=config.port)
+        uv_kwargs.update(host=addresses[0], port=config.port)
     if config.ssl_key_file or config.ssl_cert_file:
         uv_kwargs.update(ssl_keyfile=config.ssl_key_file, ssl_certfile=config.ssl_cert_file)
     server = _Server(uvicorn.Config(app, **uv_kwargs))
     server.on_exit = lambda: app.state.server.scheduler and app.state.server.scheduler.begin_shutdown()
     server_ref.append(server)
-    log.info("listening on %s:%s", config.host, config.port)
+    log.info("listening on %s port %s", ", ".join(hosts(config.host)), config.port)
     # uvicorn re-raises the signal that stopped it once it is done, under the handler that was in
     # place before it ran: with this one a SIGTERM shutdown ends with exit status 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    server.run()
+    server.run(sockets=sockets)
     if failed:
         print(f"error: {failed[0]}", file=sys.stderr)
     _exit_now(1 if failed else 0)

@@ -68,12 +68,20 @@ def normalize_messages(messages: Any) -> list[dict]:
 
 
 def apply_template(tokenizer, template: str | None, messages: list[dict], add_generation_prompt: bool = True,
-                   extra: dict | None = None) -> str:
+                   extra: dict | None = None, continue_final_message: bool = False) -> str:
+    """``messages`` rendered; ``continue_final_message`` leaves the last (assistant) message open, so
+    the model continues it (transformers renders it closed and cuts after its content)."""
     if not template:
         raise invalid("this model has no chat template; start the server with --chat-template")
     tok = getattr(tokenizer, "_tokenizer", tokenizer)
+    extra = dict(extra or {})
+    # a template variable the request sets through chat_template_kwargs wins, as upstream merges them
+    add_generation_prompt = bool(extra.pop("add_generation_prompt", add_generation_prompt))
+    for reserved in ("tokenize", "chat_template", "continue_final_message", "conversation", "return_dict"):
+        extra.pop(reserved, None)
     try:
         return tok.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                       add_generation_prompt=add_generation_prompt, **(extra or {}))
+                                       add_generation_prompt=add_generation_prompt,
+                                       continue_final_message=continue_final_message, **extra)
     except Exception as exc:  # a template error is the request's problem, not the server's
         raise invalid(f"failed to apply the chat template: {exc}") from None

@@ -9,8 +9,6 @@ a flag with a default that no ordinary client reaches:
 - ``--max-prompt-tokens`` (default 0: the context size is the only bound);
 - ``--max-queue`` (default 256, or ``MLXCEL_MAX_QUEUE``): accepted requests waiting for a slot;
   past it new requests get 503 at once;
-- ``-n`` (upstream's flag) caps every request's ``n_predict`` when it is positive (applied in
-  ``request_params``).
 
 A few bounds are fixed rather than flags, because no legitimate request comes near them: at most
 :data:`MAX_STOP_STRINGS` stop strings of :data:`MAX_STOP_CHARS` characters in all, and JSON bodies

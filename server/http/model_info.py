@@ -59,7 +59,6 @@ def models(state) -> dict:
     name = state.model_name
     config = loaded.config or {}
     n_params = state.n_params
-    tags = [t.strip() for t in (state.config.tags or "").split(",") if t.strip()]
     return {
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
@@ -70,8 +69,8 @@ def models(state) -> dict:
         "object": "list",
         "data": [{
             "id": name,
-            "aliases": [name],
-            "tags": tags,
+            "aliases": list(state.aliases),
+            "tags": list(state.tags),
             "object": "model",
             "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
             "created": CREATED,
@@ -98,7 +97,7 @@ def slot_json(slot: Slot, default: GenerationOptions, speculative: bool = False)
                 "n_prompt_tokens_processed": run.n_past - run.cache_n, "n_prompt_tokens_cache": run.cache_n,
                 "options": run.opts, "n_decoded": len(run.generated), "has_new_line": "\n" in run.text}
     else:
-        info = slot.last_task
+        info = {**slot.last_task, "n_decoded": 0} if slot.last_task else {}  # an idle slot decodes nothing
     if info:
         opts = info["options"]
         n_remain = -1 if opts.n_predict < 0 else max(opts.n_predict - info["n_decoded"], 0)

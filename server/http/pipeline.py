@@ -20,10 +20,12 @@ from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
 from mlxcel.server.http.schema import parse_body
 from mlxcel.server.http.sse import DONE, JsonResponse, event, event_stream
 from mlxcel.server.http.state import ServerState
-from mlxcel.server.http.tasks import gather_results, merged_events, open_tasks, until_disconnect
+from mlxcel.server.http.tasks import PING, gather_results, merged_events, open_tasks, until_disconnect, with_pings
 from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.scheduler import TaskHandle
 from mlxcel.server.runtime.task import Final, Partial, Progress
+
+PING_FRAME = b": ping\n\n"  # an SSE comment: clients skip it, proxies see traffic
 
 
 async def read_body(request: Request) -> dict:
@@ -39,17 +41,22 @@ async def complete(request: Request, fmt: ResponseFormat) -> Response:
     handles = open_tasks(state, plan)
     indices = [h.index for h in handles]
     if plan.stream:
-        return event_stream(_chunks(fmt.stream(state, plan, indices), handles))
+        return event_stream(_chunks(fmt.stream(state, plan, indices), handles, plan.options.sse_ping_interval))
     results = await until_disconnect(request, gather_results(handles))
     return JsonResponse(fmt.body(state, plan, results, indices))
 
 
-async def _chunks(writer: CompletionStream, handles: list[TaskHandle]) -> AsyncIterator[bytes]:
-    """The SSE frames of one streamed response; a failure ends it with an error event."""
+async def _chunks(writer: CompletionStream, handles: list[TaskHandle], ping_s: int = -1) -> AsyncIterator[bytes]:
+    """The SSE frames of one streamed response; a failure ends it with an error event. With
+    ``ping_s`` > 0 (``sse_ping_interval``) an SSE comment goes out after that many silent seconds."""
     try:
         for chunk in writer.opening():
             yield event(chunk)
-        async for i, ev in merged_events(handles):
+        async for item in with_pings(merged_events(handles), ping_s):
+            if item is PING:
+                yield PING_FRAME
+                continue
+            i, ev = item
             index = handles[i].index
             if isinstance(ev, Partial):
                 chunks = writer.partial(index, ev)

@@ -41,6 +41,7 @@ class CompletionPlan:
     include_usage: bool = False  # stream_options.include_usage
     response_fields: list[str] | None = None  # native: only these fields of each body
     verbose: bool = False  # chat: __verbose carries the native body
+    echo: bool = False  # OpenAI completions: the prompt's text before each completion
 
     @property
     def stream(self) -> bool:
@@ -74,13 +75,33 @@ def prompt_tokens(state: ServerState, prompt: Any) -> list[int]:
 
 
 def render_chat(state: ServerState, req: ChatRequest, body: dict) -> str:
-    """A chat request's messages through the template in force, as prompt text."""
+    """A chat request's messages through the template in force, as prompt text.
+
+    As upstream: a final assistant message is continued rather than closed (assistant prefill),
+    unless the request sets ``continue_final_message`` itself; continuing and
+    ``add_generation_prompt: true`` together are refused, and so are two assistant messages at
+    the end."""
     if "messages" not in body:
         raise invalid("'messages' is required")
     messages = normalize_messages(req.messages)
     kwargs = {**state.template_kwargs, **(req.chat_template_kwargs or {})}
+    if req.tools:
+        kwargs["tools"] = req.tools  # rendered by the model's own template
+    if req.reasoning_effort is not None and req.reasoning_effort != "none":
+        kwargs["reasoning_effort"] = req.reasoning_effort  # as upstream: the template reads it
     add_gen = True if req.add_generation_prompt is None else req.add_generation_prompt
-    return apply_template(state.loaded.tokenizer, state.template, messages, add_gen, kwargs)
+    cont = req.continue_final_message
+    continuing = cont is True or cont in ("content", "reasoning_content")
+    if "continue_final_message" not in body and messages[-1]["role"] == "assistant":
+        if len(messages) >= 2 and messages[-2]["role"] == "assistant":
+            raise invalid("Cannot have 2 or more assistant messages at the end of the list.")
+        continuing, add_gen = True, False
+    if continuing and add_gen:
+        raise invalid("Cannot set both add_generation_prompt and continue_final_message to true.")
+    if continuing and messages[-1]["role"] != "assistant":
+        continuing = False  # nothing to continue: the template renders as it is asked to
+    return apply_template(state.loaded.tokenizer, state.template, messages, add_gen, kwargs,
+                          continue_final_message=continuing)
 
 
 def check_sampling_fields(req: SamplingFields, n_predict: int | None, n_probs: int) -> None:
@@ -95,13 +116,40 @@ def check_sampling_fields(req: SamplingFields, n_predict: int | None, n_probs: i
     check_range("top_k", req.top_k, -INT_MAX, INT_MAX)
     check_range("speculative.n_max", req.speculative_n_max, 0, INT_MAX)
     check_range("speculative.n_min", req.speculative_n_min, 0, INT_MAX)
+    check_range("speculative.ngram_size_n", req.speculative_ngram_size_n, 1, INT_MAX)
+    check_range("speculative.ngram_size_m", req.speculative_ngram_size_m, 0, INT_MAX)
+    check_range("speculative.p_min", req.speculative_p_min, 0.0, 1.0)
+    check_range("n_indent", req.n_indent, 0, INT_MAX)
+    check_range("n_cache_reuse", req.n_cache_reuse, 0, INT_MAX)
+    check_range("t_max_predict_ms", req.t_max_predict_ms, -1, 2**63 - 1)
+    check_range("sse_ping_interval", req.sse_ping_interval, -1, INT_MAX)
     if req.dry_sequence_breakers is not None and not req.dry_sequence_breakers:
         raise invalid("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a non-empty array of strings")
 
 
+def _check_speculative_type(state: ServerState, req: SamplingFields) -> None:
+    """``speculative.type``: ``none`` decodes the request plainly; any other type must be the one this
+    server drafts with (one drafter per server, loaded at startup)."""
+    wanted = req.speculative_type
+    if wanted is None or wanted == "none":
+        return
+    speculation = state.scheduler.speculation
+    served = speculation.kind.spec_types if speculation is not None else ()
+    if wanted not in served:
+        have = f"'{served[0]}'" if served else "no drafter"
+        raise invalid(f"Field 'speculative.type': this server drafts with {have} (one drafter per server, chosen at "
+                      f"startup); a request may ask for that or 'none', not {wanted!r}")
+
+
 def _options(state: ServerState, req: SamplingFields, n_predict: int | None, n_probs: int) -> GenerationOptions:
     check_sampling_fields(req, n_predict, n_probs)
+    _check_speculative_type(state, req)
     return generation_options(req, state.defaults, state.loaded, n_predict=n_predict, n_probs=n_probs)
+
+
+def _first(*values):
+    """The first of ``values`` that is set (a field before its aliases)."""
+    return next((v for v in values if v is not None), None)
 
 
 def _choices(state: ServerState, value: int | None, field_name: str) -> int:
@@ -134,8 +182,9 @@ def native_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionP
     """``POST /completion`` (and ``/completions``)."""
     req, prompts = _completion_prompts(state, body)
     n = _choices(state, req.n_cmpl, "n_cmpl")
-    n_predict = req.n_predict if req.n_predict is not None else req.max_tokens
-    opts = _options(state, req, n_predict, req.n_probs or 0)
+    n_predict = _first(req.n_predict, req.max_completion_tokens, req.max_tokens)
+    n_probs = _first(req.n_probs, None if isinstance(req.logprobs, bool) else req.logprobs) or 0
+    opts = _options(state, req, n_predict, n_probs)
     _check_total(state, len(prompts), n)
     return CompletionPlan(prompts, opts, n, t_arrival, response_fields=req.response_fields)
 
@@ -144,13 +193,13 @@ def oai_completion_plan(state: ServerState, body: dict, t_arrival: float) -> Com
     """``POST /v1/completions``."""
     req, prompts = _completion_prompts(state, body)
     n = _choices(state, req.n, "n")
-    n_predict = req.max_tokens if req.max_tokens is not None else req.n_predict
+    n_predict = _first(req.max_tokens, req.max_completion_tokens, req.n_predict)
     logprobs = req.logprobs
     n_probs = 0 if logprobs in (None, False) else (1 if logprobs is True else int(logprobs))
     check_range("logprobs", n_probs, 0, 1024)
     opts = _options(state, req, n_predict, n_probs)
     _check_total(state, len(prompts), n)
-    return CompletionPlan(prompts, opts, n, t_arrival, logprobs=bool(n_probs))
+    return CompletionPlan(prompts, opts, n, t_arrival, logprobs=bool(n_probs), echo=bool(req.echo))
 
 
 def chat_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPlan:
@@ -169,4 +218,4 @@ def chat_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPla
     _check_total(state, 1, n)
     return CompletionPlan([tokens], opts, n, t_arrival, rendered=prompt, logprobs=bool(req.logprobs), top_n=top_n,
                           include_usage=bool((req.stream_options or {}).get("include_usage")),
-                          verbose=bool(req.verbose))
+                          verbose=bool(req.verbose) or state.config.verbose)

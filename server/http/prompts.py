@@ -51,6 +51,9 @@ def tokenize_prompt(loaded, prompt: Any) -> list[int]:
     """One prompt (any single form) -> token ids, with BOS when the model adds one."""
     tokenizer = loaded.tokenizer
     if isinstance(prompt, dict):
+        if prompt.get("multimodal_data"):
+            raise invalid("multimodal_data is not supported: mlxcel-server is text-only (no vision or audio "
+                          "projector)")
         text = prompt.get("prompt_string")
         if not isinstance(text, str):
             raise invalid(PROMPT_FORMS)

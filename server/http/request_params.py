@@ -189,14 +189,31 @@ def check_unsupported(req: SamplingFields) -> None:
             raise invalid("Field 'lora': Error: 'lora' must be an array of objects with 'id' and 'scale' fields")
         if lora:
             raise invalid(f"Field 'lora': no LoRA adapter with id {lora[0]['id']} is loaded")
+    for name in CHAT_PARSER_FIELDS:
+        if getattr(req, name) is not None:
+            raise invalid(f"Field '{name}': {CHAT_PARSER_FIELDS[name]}")
+    if req.reasoning_format not in (None, "none", "auto"):
+        raise invalid(f"Field 'reasoning_format': {req.reasoning_format!r} is not supported by mlxcel yet: it does not "
+                      "split reasoning from content; use \"none\" (the reasoning stays in the content)")
+    if req.speculative_ngram_min_hits not in (None, 0, 1):
+        raise invalid("Field 'speculative.ngram_min_hits': mlxcel's prompt lookup proposes every match (min hits 1)")
 
 
-def cap_n_predict(n_predict: int, server_n_predict: int) -> int:
-    """Upstream caps a request's ``n_predict`` at a positive ``-n``; here "until the context is
-    full" (-1) is capped too, so ``-n`` bounds every request's length."""
-    if server_n_predict > 0 and (n_predict < 0 or n_predict > server_n_predict):
-        return server_n_predict
-    return n_predict
+# Fields llama-server's chat parser sets for its own tasks, and reasoning budgets: mlxcel has neither
+# yet, and honouring them silently would change the output, so they are refused unless null.
+_PARSER = "set by llama-server's chat parser for the tasks it builds; mlxcel has no such parser, so it cannot honour it"
+_BUDGET = "reasoning budgets are not implemented in mlxcel"
+CHAT_PARSER_FIELDS = {
+    "chat_format": _PARSER, "chat_parser": _PARSER, "generation_prompt": _PARSER, "parse_tool_calls": _PARSER,
+    "preserved_tokens": _PARSER, "grammar_lazy": _PARSER, "grammar_triggers": _PARSER, "reasoning_control": _PARSER,
+    "reasoning_budget_tokens": _BUDGET, "reasoning_budget_start_tag": _BUDGET, "reasoning_budget_end_tag": _BUDGET,
+    "reasoning_budget_end_tags": _BUDGET, "reasoning_budget_message": _BUDGET, "thinking_budget_tokens": _BUDGET,
+}
+
+
+def request_n_predict(n_predict: int | None, server_n_predict: int) -> int:
+    """As upstream: a request's own ``n_predict`` wins; absent or -1 it is the server's ``-n``."""
+    return server_n_predict if n_predict is None or n_predict == -1 else n_predict
 
 
 def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *, n_predict: int | None,
@@ -236,7 +253,7 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
     return GenerationOptions(
         sampler=SamplerParams(**params),
         seed=seed,
-        n_predict=cap_n_predict(defaults.n_predict if n_predict is None else n_predict, defaults.n_predict),
+        n_predict=request_n_predict(n_predict, defaults.n_predict),
         stop=[s for s in stops if s],
         n_probs=n_probs,
         post_sampling_probs=bool(req.post_sampling_probs),
@@ -247,7 +264,12 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         timings_per_token=bool(req.timings_per_token),
         stream=bool(req.stream) if stream is None else stream,
         samplers=samplers if samplers is not None else list(defaults.samplers),
-        spec_n_max=req.speculative_n_max,
+        n_indent=req.n_indent or 0,
+        t_max_predict_ms=req.t_max_predict_ms if req.t_max_predict_ms is not None else -1,
+        sse_ping_interval=req.sse_ping_interval if req.sse_ping_interval is not None else -1,
+        spec_type=req.speculative_type,
+        spec_ngram_max=req.speculative_ngram_size_n,
+        spec_n_max=(req.speculative_n_max if req.speculative_n_max is not None else req.speculative_ngram_size_m),
         spec_n_min=req.speculative_n_min,
         spec_stochastic=req.speculative_stochastic_accept,
         speculative_types=defaults.speculative_types,

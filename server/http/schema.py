@@ -9,6 +9,7 @@ where a number belongs is a 400, not a coercion), with upstream's wording:
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -81,6 +82,35 @@ class SamplingFields(BaseModel):
     speculative_n_max: Int | None = Field(None, alias="speculative.n_max")
     speculative_n_min: Int | None = Field(None, alias="speculative.n_min")
     speculative_stochastic_accept: bool | None = Field(None, alias="speculative.stochastic_accept")  # mlxcel
+    speculative_type: str | None = Field(None, alias="speculative.type")
+    speculative_ngram_size_n: Int | None = Field(None, alias="speculative.ngram_size_n")
+    speculative_ngram_size_m: Int | None = Field(None, alias="speculative.ngram_size_m")
+    speculative_ngram_min_hits: Int | None = Field(None, alias="speculative.ngram_min_hits")
+    speculative_p_min: float | None = Field(None, alias="speculative.p_min")
+    max_completion_tokens: Int | None = None
+    n_indent: Int | None = None
+    t_max_predict_ms: Int | None = None
+    t_max_prompt_ms: Int | None = None
+    n_cache_reuse: Int | None = None
+    sse_ping_interval: Int | None = None
+    backend_sampling: bool | None = None
+    verbose: bool | None = None
+    reasoning_format: str | None = None
+    # set by upstream's chat parser for its own tasks (and reasoning budgets): refused unless null
+    chat_format: Any = None
+    chat_parser: Any = None
+    generation_prompt: Any = None
+    parse_tool_calls: Any = None
+    preserved_tokens: Any = None
+    grammar_lazy: Any = None
+    grammar_triggers: Any = None
+    reasoning_control: Any = None
+    reasoning_budget_tokens: Any = None
+    reasoning_budget_start_tag: Any = None
+    reasoning_budget_end_tag: Any = None
+    reasoning_budget_end_tags: Any = None
+    reasoning_budget_message: Any = None
+    thinking_budget_tokens: Any = None
     grammar: str | None = None
     json_schema: Any = None
     response_format: Any = None
@@ -95,7 +125,8 @@ class CompletionRequest(SamplingFields):
     so a missing prompt gets upstream's own message)."""
 
     prompt: Any = None
-    logprobs: Int | bool | None = None  # OpenAI completions: an integer count
+    logprobs: Int | bool | None = None  # OpenAI completions: an integer count; native: n_probs's alias
+    echo: bool | None = None  # OpenAI completions: the prompt before the completion
 
 
 class ChatRequest(SamplingFields):
@@ -104,10 +135,13 @@ class ChatRequest(SamplingFields):
     messages: Any = None
     logprobs: bool | None = None
     top_logprobs: Int | None = None
-    max_completion_tokens: Int | None = None
-    verbose: bool | None = None
+    reasoning_effort: Any = None
     chat_template_kwargs: dict | None = None
     add_generation_prompt: bool | None = None
+    continue_final_message: bool | str | None = None
+    tools: list | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
 
 
 class TokenizeRequest(BaseModel):
@@ -178,7 +212,34 @@ def parse_body(raw: bytes) -> dict:
         raise invalid(f"the request body must be a JSON object, but is {json_type_name(body)}")
     if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _too_deep(body, MAX_JSON_DEPTH):
         raise invalid(f"parse error: the JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_no_lone_surrogate(body)
     return body
+
+
+# A \uD800-\uDFFF escape: JSON text may pair them, but Python's decoder also lets a lone one
+# through, and a lone surrogate is no character: no tokenizer, template or grammar can take it.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _check_no_lone_surrogate(body: Any) -> None:
+    """Refuse a body holding a lone UTF-16 surrogate anywhere (keys included), as upstream's JSON
+    parser does (iterative: a hostile body cannot recurse)."""
+    stack = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            found = _LONE_SURROGATE.search(value)
+            if found:
+                raise invalid(f"parse error: invalid string: the lone UTF-16 surrogate "
+                              f"\\u{ord(found.group()):04x} is not a character (a surrogate must be "
+                              "one of a high/low pair)")
+        elif isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
 
 
 def validate(model_cls: type[BaseModel], body: dict) -> Any:

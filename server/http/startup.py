@@ -24,6 +24,11 @@ from mlxcel.server.runtime.speculation_settings import resolve
 log = logging.getLogger(__name__)
 
 
+def comma_set(value: str | None) -> list[str]:
+    """A comma-separated flag value as upstream keeps it: stripped, no empties, sorted, unique."""
+    return sorted({part.strip() for part in (value or "").split(",") if part.strip()})
+
+
 def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = None) -> None:
     """Load everything ``state.config`` asks for and start the scheduler (``state.ready`` after).
     ``loader()`` replaces loading the configured model (tests)."""
@@ -38,9 +43,10 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     if config.chat_template_kwargs:
         state.template_kwargs = json.loads(config.chat_template_kwargs)
     state.defaults = build_defaults(config)
-    # as upstream: the alias, else the model argument as given (the file name for the default)
-    state.model_name = config.alias.split(",")[0] if config.alias else (
-        config.model or config.hf_repo or loaded.path.name)
+    # as upstream: the aliases (a set, so the name is the first in order), else the model as given
+    state.aliases = comma_set(config.alias) or [config.model or config.hf_repo or loaded.path.name]
+    state.model_name = state.aliases[0]
+    state.tags = comma_set(config.tags)
     state.token_text = TokenText(loaded.tokenizer)
     state.piece_chars = longest_piece(loaded.tokenizer)
     state.n_params = int(sum(v.size for _, v in tree_flatten(loaded.model.parameters())))
@@ -49,7 +55,8 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     speculation = Speculation.load(settings, loaded, config.ubatch_size) if settings is not None else None
     if settings is not None:
         state.defaults.speculative_types = f"none,{settings.spec_type}"
-    scheduler = Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, n_batch=config.batch_size,
+    scheduler = Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, unified_kv=config.unified_kv,
+                          n_batch=config.batch_size,
                           n_ubatch=config.ubatch_size, metrics=state.metrics, max_queue=state.limits.max_queue,
                           slot_prompt_similarity=config.slot_prompt_similarity, speculation=speculation,
                           timeout=float(config.timeout))

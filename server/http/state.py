@@ -21,7 +21,9 @@ class ServerState:
     loaded: LoadedModel | None = None
     scheduler: Scheduler | None = None
     defaults: ServerDefaults = field(default_factory=ServerDefaults)
-    model_name: str = ""
+    model_name: str = ""  # what bodies call the model: the first alias
+    aliases: list[str] = field(default_factory=list)  # -a, sorted (upstream keeps a set)
+    tags: list[str] = field(default_factory=list)  # --tags, sorted
     template: str | None = None
     template_kwargs: dict = field(default_factory=dict)
     token_text: TokenText | None = None

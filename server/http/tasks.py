@@ -91,3 +91,33 @@ async def merged_events(handles: list[TaskHandle]) -> AsyncIterator[tuple[int, A
             p.cancel()
         for h in handles:
             h.cancel()
+
+
+PING = object()  # what with_pings yields for a silence
+
+
+async def with_pings(events: AsyncIterator[T], every_s: float) -> AsyncIterator[T | object]:
+    """``events``, with :data:`PING` yielded after every ``every_s`` seconds without one (none when
+    ``every_s`` <= 0)."""
+    if every_s <= 0:
+        async for item in events:
+            yield item
+        return
+    iterator = events.__aiter__()
+    pending = asyncio.ensure_future(iterator.__anext__())
+    try:
+        while True:
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if not done:
+                yield PING
+                continue
+            try:
+                item = pending.result()
+            except StopAsyncIteration:
+                return
+            yield item
+            pending = asyncio.ensure_future(iterator.__anext__())
+    finally:
+        if not pending.done():
+            pending.cancel()
+        await iterator.aclose()

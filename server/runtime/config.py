@@ -27,6 +27,7 @@ class ServerConfig:
     threads: int = -1  # -t: OpenBLAS threads on a Linux CPU (-1: the device default)
     ctx_size: int = 0
     parallel: int = -1
+    kv_unified: bool | None = None  # -kvu / -no-kvu; None: on when the slot count is auto (-np -1)
     n_predict: int = -1
     batch_size: int = 2048
     ubatch_size: int = 512
@@ -101,6 +102,12 @@ class ServerConfig:
     @property
     def n_slots(self) -> int:
         return self.parallel if self.parallel > 0 else 4
+
+    @property
+    def unified_kv(self) -> bool:
+        """Whether every slot may use the whole context (upstream's unified KV pool): on with an
+        automatic slot count, off when ``-np`` is given, unless ``-kvu`` / ``-no-kvu`` says."""
+        return self.kv_unified if self.kv_unified is not None else self.parallel <= 0
 
     def api_keys(self) -> list[str]:
         keys = [k.strip() for k in (self.api_key or "").split(",") if k.strip()]

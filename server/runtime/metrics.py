@@ -3,11 +3,13 @@ llama-server's metric names so existing dashboards keep working."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 
 @dataclass
 class Metrics:
+    t_start: int = field(default_factory=lambda: int(time.time()))  # unix time the server started
     prompt_tokens_total: int = 0
     prompt_tokens_cached_total: int = 0
     prompt_seconds_total: float = 0.0

@@ -53,14 +53,20 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, loaded: LoadedModel, *, n_slots: int = 4, n_ctx: int = 0, n_batch: int = 2048,
+    def __init__(self, loaded: LoadedModel, *, n_slots: int = 4, n_ctx: int = 0, unified_kv: bool = True,
+                 n_batch: int = 2048,
                  n_ubatch: int = 512, max_queue: int = 256, metrics: Metrics | None = None,
                  slot_prompt_similarity: float = 0.1, speculation: Speculation | None = None,
                  timeout: float = 0.0):
         self.lm = loaded
         self.speculation = speculation
-        self.n_ctx = n_ctx if n_ctx > 0 else loaded.context_length
-        self.slots = [Slot(i, self.n_ctx) for i in range(max(1, n_slots))]
+        n_slots = max(1, n_slots)
+        self.n_ctx_total = n_ctx if n_ctx > 0 else loaded.context_length
+        # As upstream: without a unified KV pool each slot gets its share of -c; either way no
+        # slot's context exceeds the model's training context.
+        per_slot = self.n_ctx_total if unified_kv else self.n_ctx_total // n_slots
+        self.n_ctx = max(1, min(per_slot, loaded.context_length))  # each slot's context
+        self.slots = [Slot(i, self.n_ctx) for i in range(n_slots)]
         self.n_batch = max(1, n_batch)
         self.n_ubatch = max(1, min(n_ubatch, self.n_batch))
         self.max_queue = max_queue

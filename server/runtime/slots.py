@@ -93,7 +93,10 @@ class SlotRun:
         self.probs: list[TokenProb] = []
         self.stop_type = "none"
         self.stopping_word = ""
+        self.truncated = False  # stopped because the slot's context was full
+        self.last_nl_pos = 0  # where the line after the last newline of ``text`` starts (n_indent)
         self.done = False
+        self.t_prefill_start: float | None = None
         self.t_prefill_end = 0.0
         self.t_last = 0.0
         self.spec: SpeculativeSession | None = None  # while this request speculates
@@ -109,10 +112,19 @@ class SlotRun:
         return self.n_past < len(self.prompt)
 
     def progress(self) -> None:
+        """A prompt-progress event (``return_progress`` on a stream): at prefill start and after each
+        chunk; with ``timings_per_token`` it carries the prompt timings so far (zero at the start)."""
         if self.opts.return_progress and self.opts.stream:
-            elapsed = int((time.perf_counter() - self.task.t_arrival) * 1000)
-            self.task.sink(Progress(total=len(self.prompt), cache=self.cache_n,
-                                    processed=self.n_past - self.cache_n, time_ms=elapsed))
+            now = time.perf_counter()
+            processed = self.n_past - self.cache_n
+            if self.t_prefill_start is None:
+                self.t_prefill_start = now
+            timings = None
+            if self.opts.timings_per_token:
+                timings = Timings(cache_n=self.cache_n, prompt_n=processed,
+                                  prompt_ms=(now - self.t_prefill_start) * 1e3 if processed else 0.0)
+            self.task.sink(Progress(total=len(self.prompt), cache=self.cache_n, processed=processed,
+                                    time_ms=int((now - self.task.t_arrival) * 1000), timings=timings))
 
     # -- tokens ---------------------------------------------------------------------------------
 
@@ -163,11 +175,36 @@ class SlotRun:
                         self.text = self.text[:hit[0]]
                         self.stop_type, self.stopping_word = "word", hit[1]
                         self.done = True
+                if not self.done:
+                    self._line_limits(delta, now)
         if not self.done and len(self.generated) >= self.limit():
             self.stop_type = "limit"
+            self.truncated = len(self.prompt) + len(self.generated) >= self.slot.n_ctx  # the context is full
             self.done = True
         if self.opts.stream:
             self._stream(final=self.done)
+
+    def _line_limits(self, delta: str, now: float) -> None:
+        """Upstream's two line-based limits. ``n_indent``: every line after the first must be indented
+        by at least that many spaces or tabs; the first line that is not ends the generation, cut
+        before its first other character. ``t_max_predict_ms``: past that many milliseconds of
+        generation, the next newline ends it."""
+        n_indent = self.opts.n_indent
+        if n_indent > 0:
+            if self.last_nl_pos > 0:
+                pos = self.last_nl_pos
+                while pos < len(self.text) and self.text[pos] in " \t":
+                    pos += 1
+                if pos < len(self.text) and pos - self.last_nl_pos < n_indent:
+                    self.text = self.text[:pos]
+                    self.stop_type, self.done = "limit", True
+                    return
+            newline = self.text.find("\n", self.last_nl_pos)
+            if newline >= 0:
+                self.last_nl_pos = newline + 1
+        limit_ms = self.opts.t_max_predict_ms
+        if limit_ms > 0 and "\n" in delta and (now - self.t_prefill_end) * 1e3 > limit_ms:
+            self.stop_type, self.done = "limit", True
 
     def _stream(self, final: bool) -> None:
         """Send the text that can no longer turn into a stop string (all of it once done)."""
@@ -224,6 +261,7 @@ class SlotRun:
             tokens_cached=len(self.prompt) + max(len(self.generated) - 1, 0),
             id_slot=self.slot.id,
             has_new_line="\n" in self.text,
+            truncated=self.truncated,
             timings=self.timings(draft=True),
             probs=self.probs,
         ))

@@ -81,8 +81,9 @@ class Speculation:
     def eligible(self, opts: GenerationOptions) -> bool:
         """Whether a request speculates: not when it asks for token probabilities, nor when its own
         ``speculative.n_max`` is 0, nor when the session would decline it (a sampling request on a
-        greedy-only drafter: one warning, then the request joins the plain decode batch)."""
-        if opts.n_probs > 0:
+        greedy-only drafter: one warning, then the request joins the plain decode batch), nor when its
+        ``speculative.type`` is ``none``."""
+        if opts.n_probs > 0 or opts.spec_type == "none":
             return False
         if opts.spec_n_max is not None and opts.spec_n_max <= 0:
             return False
@@ -98,7 +99,8 @@ class Speculation:
         assert s.n_max is not None  # resolved at load
         n_max = min(s.n_max, opts.spec_n_max) if opts.spec_n_max else s.n_max
         n_min = min(n_max, opts.spec_n_min if opts.spec_n_min is not None else s.n_min)
-        session = SpeculativeSession(self.source.new(n_min), opts.sampler, n_max=n_max, n_min=n_min,
+        session = SpeculativeSession(self.source.new(n_min, ngram_max=opts.spec_ngram_max), opts.sampler,
+                                     n_max=n_max, n_min=n_min,
                                      stochastic=opts.spec_stochastic, kind=self.draft_kind)
         session.prime(self.target.model, sequence[:-1], self.target.make_cache, prefill_step)
         session.begin(sequence, seed)

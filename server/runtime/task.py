@@ -37,6 +37,11 @@ class GenerationOptions:
     timings_per_token: bool = False
     stream: bool = False
     samplers: list[str] = field(default_factory=list)
+    n_indent: int = 0  # every line after the first indented by at least this much, or the generation ends
+    t_max_predict_ms: int = -1  # past this much generation time the next newline ends it
+    sse_ping_interval: int = -1  # seconds of silence after which a stream gets an SSE comment ping
+    spec_type: str | None = None  # speculative.type: "none" decodes plainly; any other must be the server's
+    spec_ngram_max: int | None = None  # speculative.ngram_size_n: prompt lookup's longest n-gram
     spec_n_max: int | None = None  # speculative.n_max (0: this request does not speculate)
     spec_n_min: int | None = None  # speculative.n_min
     spec_stochastic: bool | None = None  # speculative.stochastic_accept (mlxcel): overrides the environment switch
@@ -60,6 +65,7 @@ class Progress:
     cache: int
     processed: int
     time_ms: int
+    timings: Timings | None = None  # with timings_per_token: the prompt figures so far
 
 
 @dataclass
@@ -83,6 +89,7 @@ class Result:
     id_slot: int
     has_new_line: bool
     timings: Timings
+    truncated: bool
     probs: list[TokenProb]
 
 

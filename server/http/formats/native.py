@@ -37,10 +37,14 @@ def prompt_progress(progress: Progress) -> dict:
 
 
 def native_progress(index: int, n_prompt: int, progress: Progress) -> dict:
-    return {
+    body = {
         "index": index, "content": "", "tokens": [0], "stop": False, "id_slot": -1, "tokens_predicted": 0,
-        "tokens_evaluated": n_prompt, "prompt_progress": prompt_progress(progress),
+        "tokens_evaluated": n_prompt,
     }
+    if progress.timings is not None:
+        body["timings"] = progress.timings.to_json()
+    body["prompt_progress"] = prompt_progress(progress)
+    return body
 
 
 def native_final(result: Result, opts: GenerationOptions, *, index: int, model: str, prompt_text: str,
@@ -57,7 +61,7 @@ def native_final(result: Result, opts: GenerationOptions, *, index: int, model: 
         "generation_settings": generation_settings(opts),
         "prompt": prompt_text,
         "has_new_line": result.has_new_line,
-        "truncated": False,
+        "truncated": result.truncated,
         "stop_type": result.stop_type,
         "stopping_word": result.stopping_word,
         "tokens_cached": result.tokens_cached,

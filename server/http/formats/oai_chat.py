@@ -108,6 +108,8 @@ class ChatStream(CompletionStream):
         self.opened.add(index)
         chunk = self._chunk(index=index, delta={"role": "assistant", "content": None})
         if progress is not None:
+            if progress.timings is not None:
+                chunk["timings"] = progress.timings.to_json()
             chunk["prompt_progress"] = prompt_progress(progress)
         return chunk
 

@@ -48,7 +48,8 @@ async def metrics(request: Request) -> PlainTextResponse:
     if not state.config.metrics:
         raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
     text = state.metrics.render(state.scheduler.processing, state.scheduler.deferred)
-    return PlainTextResponse(text, headers={"Content-Type": "text/plain; version=0.0.4"})
+    return PlainTextResponse(text, headers={"Content-Type": "text/plain; version=0.0.4",
+                                            "Process-Start-Time-Unix": str(state.metrics.t_start)})
 
 
 async def lora_adapters() -> JsonResponse:

@@ -57,4 +57,5 @@ def add_routes(router: APIRouter) -> None:
     router.add_api_route("/tokenize", tokenize, methods=["POST"])
     router.add_api_route("/detokenize", detokenize, methods=["POST"])
     router.add_api_route("/apply-template", apply_template, methods=["POST"])
-    router.add_api_route("/v1/chat/completions/input_tokens", chat_input_tokens, methods=["POST"])
+    for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
+        router.add_api_route(path, chat_input_tokens, methods=["POST"])

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from server_process import ServerProcess
 
-N_CTX = 128
+N_CTX = 128  # each slot's context (-c is N_CTX * SLOTS: upstream splits -c among the slots)
 MAX_BODY = 200_000
 MAX_PROMPT = 100
 SLOTS = 2
@@ -143,8 +143,30 @@ MESSAGES = [
 ]
 
 
+# A lone UTF-16 surrogate (valid JSON, no character) in a string each route hands to a tokenizer, a
+# template or a matcher: refused as the JSON parse error it is, on every route.
+LONE_SURROGATES = {
+    "/completion": [rb'{"prompt": "\ud800", "n_predict": 1}', rb'{"prompt": ["hi", "x\udfff"], "n_predict": 1}',
+                    rb'{"prompt": "hi", "n_predict": 1, "stop": ["\udbff"]}',
+                    rb'{"prompt": "hi", "n_predict": 1, "logit_bias": [["\ud800", 1]]}',
+                    rb'{"prompt": {"prompt_string": "\ud834"}, "n_predict": 1}'],
+    "/v1/completions": [rb'{"prompt": "\ud800", "max_tokens": 1}'],
+    "/v1/chat/completions": [rb'{"messages": [{"role": "user", "content": "\ud800"}], "max_tokens": 1}',
+                             rb'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]}',
+                             rb'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, '
+                             rb'"chat_template_kwargs": {"x": "\ud800"}}'],
+    "/tokenize": [rb'{"content": "\ud800"}'],
+    "/apply-template": [rb'{"messages": [{"role": "user", "content": "a\ud800"}]}'],
+    "/v1/chat/completions/input_tokens": [rb'{"messages": [{"role": "user", "content": "\udfff"}]}'],
+    "/detokenize": [rb'{"tokens": [1], "\ud800": 2}'],
+}
+
+
 def corpus() -> list[Case]:
     cases: list[Case] = []
+    for route, bodies in LONE_SURROGATES.items():
+        for i, raw in enumerate(bodies):
+            cases.append(Case(f"lone-surrogate-{i}{route}", route, raw))
     for route in JSON_ROUTES:
         for name, raw in MALFORMED.items():
             cases.append(Case(f"malformed-{name}{route}", route, raw))
@@ -221,7 +243,7 @@ SEEN = {"cases": 0, "requests": 0, "4xx": 0, "5xx": 0}
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
-    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", str(SLOTS), "-c", str(N_CTX), "-n", "8",
+    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", str(SLOTS), "-c", str(N_CTX * SLOTS), "-n", "8",
                          "--max-body-size", str(MAX_BODY), "--max-prompt-tokens", str(MAX_PROMPT))
     yield proc
     print(f"\nbad input: {SEEN}")
@@ -284,11 +306,14 @@ def test_chunked_body_over_the_limit_is_413(client):
     normal_request(client, 0)
 
 
-def test_n_predict_is_capped_by_the_server_flag(client):
-    r = client.post("/completion", json={"prompt": "hi", "n_predict": 1000, "ignore_eos": True})
+def test_the_server_n_predict_is_a_default_a_request_overrides(client):
+    """As upstream: ``-n`` is what a request gets when it names no length (or -1); its own wins."""
+    r = client.post("/completion", json={"prompt": "hi", "ignore_eos": True})
     assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
     r = client.post("/completion", json={"prompt": "hi", "n_predict": -1, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
+    r = client.post("/completion", json={"prompt": "hi", "n_predict": 12, "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["tokens_predicted"] == 12
     r = client.post("/completion", json={"prompt": "hi", "n_predict": 3, "ignore_eos": True})
     assert r.status_code == 200 and r.json()["tokens_predicted"] == 3
 
