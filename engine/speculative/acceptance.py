@@ -45,7 +45,8 @@ GREEDY_ARGMAX = "greedy-argmax"
 SAMPLER_MATCH = "sampler-match"
 SAMPLER_MATCH_NO_Q = "sampler-match-no-proposal-distribution"
 ARGMAX_AGAINST_ARGMAX = "argmax-against-argmax"
-RULES = (STOCHASTIC, GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q, ARGMAX_AGAINST_ARGMAX)
+SYNTHETIC = "synthetic"
+RULES = (STOCHASTIC, GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q, ARGMAX_AGAINST_ARGMAX, SYNTHETIC)
 
 # What the report prints in parentheses after the numbers.
 RULE_DESCRIPTIONS = {
@@ -55,11 +56,14 @@ RULE_DESCRIPTIONS = {
     SAMPLER_MATCH_NO_Q: "sampler-match (stochastic acceptance requested, but the drafter reports no "
                         "proposal distribution; lossless)",
     ARGMAX_AGAINST_ARGMAX: "argmax-against-argmax (target argmax; not a sample above temperature 0)",
+    SYNTHETIC: "synthetic (drafts accepted at set rates whatever the target says; benchmarking only, the output "
+               "is not the target's)",
 }
 
 # Streams of random_keys.position_key: 0 is the emitted-token draw shared with plain decoding.
 ACCEPT_STREAM = 1
 RESIDUAL_STREAM = 2
+SYNTH_STREAM = 5  # 3 is XTC's coin, 4 the drafters' draws
 
 
 def select_rule(
@@ -116,6 +120,24 @@ def walk_chain(choices: Sequence[int], drafts: Sequence[int]) -> ChainOutcome:
         raise ValueError(f"need {len(drafts) + 1} target choices for {len(drafts)} drafts, got {len(choices)}")
     n = 0
     while n < len(drafts) and int(drafts[n]) == int(choices[n]):
+        n += 1
+    tested = n + 1 if n < len(drafts) else n
+    return ChainOutcome(n, [int(t) for t in drafts[:n]] + [int(choices[n])], tested)
+
+
+def synthetic_accept(choices: Sequence[int], drafts: Sequence[int], probs: Sequence[float], *, seed: int,
+                     first_position: int, eos: frozenset[int] = frozenset()) -> ChainOutcome:
+    """Synthetic acceptance, for benchmarking a verify loop at a chosen acceptance rate (llama-server's
+    ``--spec-synth-rates``): draft ``i`` is accepted with probability ``probs[i]`` (conditional on
+    the drafts before it), whatever the target chose; a drafted end-of-generation token is never
+    accepted; the first refusal emits the target's own choice and ends the chain, a clean sweep adds
+    the target's bonus token. The emitted stream is *not* the target's: this rule proves nothing and
+    is only ever selected by those flags. Coins are keyed by position (stream ``SYNTH_STREAM``)."""
+    n = 0
+    while n < len(drafts):
+        u = float(mx.random.uniform(key=position_key(seed, first_position + n, SYNTH_STREAM)).item())
+        if u >= probs[n] or int(drafts[n]) in eos:
+            break
         n += 1
     tested = n + 1 if n < len(drafts) else n
     return ChainOutcome(n, [int(t) for t in drafts[:n]] + [int(choices[n])], tested)

@@ -43,7 +43,7 @@ from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.sampling.random_keys import resolve_seed
-from mlxcel.engine.speculative.acceptance import select_rule
+from mlxcel.engine.speculative.acceptance import SYNTHETIC, select_rule
 from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures, prefill_with_features
@@ -145,10 +145,13 @@ class SpeculativeSession:
         stochastic: the request's override of the stochastic opt-in (None: the environment's).
         diagnostics: compute the closed forms of the diagnostic line each round.
         kind: what the counters report as ``draft_kind`` (default: the drafter's kind).
+        synth_probs: benchmarking only: accept draft ``i`` with this probability whatever the target
+            says (``acceptance.synthetic_accept``); the output is then not the target's.
     """
 
     def __init__(self, drafter: Drafter, params: SamplerParams, *, n_max: int, n_min: int = 0,
-                 stochastic: bool | None = None, diagnostics: bool = False, kind: str | None = None):
+                 stochastic: bool | None = None, diagnostics: bool = False, kind: str | None = None,
+                 synth_probs: Sequence[float] = ()):
         self.params = params
         reason = decline_reason(drafter, params)
         self.declined_because = reason  # None: the session speculates
@@ -164,6 +167,9 @@ class SpeculativeSession:
         rule = select_rule(params, has_proposal_distribution=drafter.provides_distribution,
                            deterministic_proposals=drafter.deterministic, argmax_verify=drafter.argmax_verify,
                            stochastic=stochastic)
+        self.synth_probs = tuple(synth_probs)
+        if self.synth_probs and not self.declined:
+            rule = SYNTHETIC
         self.counters = SpeculativeCounters(rule=rule, kind=kind or drafter.kind)
         if reason is not None:
             log.warning("%s", reason)
@@ -223,7 +229,7 @@ class SpeculativeSession:
         """One verify round for ``sequence`` (whose last token is pending; ``cache`` holds the
         rest). The caller appends the emitted tokens it keeps and calls :meth:`record`."""
         return verify_round(model, cache, chain, self.drafter, sequence, rule=self.rule, k=self.block(remaining),
-                            seed=self.seed, diagnostics=self.diagnostics)
+                            seed=self.seed, diagnostics=self.diagnostics, synth_probs=self.synth_probs)
 
     def record(self, result: RoundResult, used: int | None = None) -> int:
         """Count ``result``, of which ``used`` emitted tokens were kept; return the accepted drafts counted."""

@@ -47,11 +47,13 @@ from mlxcel.engine.speculative.acceptance import (
     SAMPLER_MATCH,
     SAMPLER_MATCH_NO_Q,
     STOCHASTIC,
+    SYNTHETIC,
     ChainOutcome,
     closed_forms,
     one_hot_rows,
     rejection_sample,
     residual_distribution,
+    synthetic_accept,
     walk_chain,
 )
 from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
@@ -87,6 +89,7 @@ def verify_round(
     seed: int,
     diagnostics: bool = False,
     block_exact: bool | None = None,
+    synth_probs: Sequence[float] = (),
 ) -> RoundResult:
     """Run one round for ``sequence`` (whose last token is pending) and return what it emitted.
 
@@ -97,7 +100,8 @@ def verify_round(
     ``target_features`` and, after the rewind, the drafter is handed the rows of the tokens the
     cache kept. Whether the block is scored in one forward or token by token is ``block_exact``;
     None asks the exactness probe when the drafter is ``probe_gated`` (and means one forward
-    otherwise)."""
+    otherwise). ``synth_probs`` are the per-position probabilities of the benchmarking-only
+    synthetic rule (``acceptance.synthetic_accept``)."""
     proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
     drafts = [int(t) for t in proposal.tokens]
     if len(drafts) > k:
@@ -116,7 +120,7 @@ def verify_round(
     if block_exact or not drafts:
         features = _forward(model, block, cache, layers)
         logits = features.logits
-        outcome, p = _decide(rule, chain, logits, sequence, drafts, proposal.q, seed, position)
+        outcome, p = _decide(rule, chain, logits, sequence, drafts, proposal.q, seed, position, synth_probs)
         forwarded = len(block)
     else:
         outcome, p, features, forwarded = _chain_verify(model, cache, chain, rule, sequence, drafts, proposal.q,
@@ -142,11 +146,15 @@ def _forward(model: Any, tokens: list[int], cache: list[Any], layers: tuple[int,
     return forward_with_features(model, tokens, cache, layers)
 
 
-def _decide(rule, chain, logits, sequence, drafts, q, seed, position):
+def _decide(rule, chain, logits, sequence, drafts, q, seed, position, synth_probs=()):
     """The acceptance rule over a scored block: (outcome, p or None)."""
     vocab = logits.shape[-1]
     p = None
-    if rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
+    if rule == SYNTHETIC:
+        choices = chain.select(logits, sequence, drafts, seed, position)
+        outcome = synthetic_accept(choices, drafts, synth_probs, seed=seed, first_position=position,
+                                   eos=frozenset(chain.eos_token_ids))
+    elif rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
         # The very call plain decoding makes, one row per position: same choice, same key.
         outcome = walk_chain(chain.select(logits, sequence, drafts, seed, position), drafts)
     elif rule == ARGMAX_AGAINST_ARGMAX:

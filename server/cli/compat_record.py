@@ -82,6 +82,8 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("POST", "/tools", "not-applicable", "403 feature_disabled, upstream's answer without --tools"),
     ("GET", "/cors-proxy", "not-applicable", "403 feature_disabled, upstream's answer without --ui-mcp-proxy"),
     ("POST", "/cors-proxy", "not-applicable", "403 feature_disabled, upstream's answer without --ui-mcp-proxy"),
+    ("POST", "/predict", "supported", "only with AIP_MODE=PREDICTION (Google Cloud Vertex AI), as upstream: "
+     "AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE and AIP_HTTP_PORT honoured; instances dispatched by @requestFormat"),
     ("GET", "/models/sse", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
     ("POST", "/models", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
     ("DELETE", "/models", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),

@@ -228,8 +228,12 @@ FLAGS: list[Flag] = [
            "default is its checkpoint's block; prompt lookup's cap is --spec-ngram-simple-size-m", env="LLAMA_ARG_SPEC_DRAFT_N_MAX"),
     F("--spec-draft-n-min", "supported", "N", dest="spec_draft_n_min", type="int",
       note="a block shorter than N is not verified; the row decodes plainly that step (default 0)", env="LLAMA_ARG_SPEC_DRAFT_N_MIN"),
-    F("--spec-synth-len", "refused", "L", note="synthetic acceptance (benchmarking only) is not implemented", env="LLAMA_ARG_SPEC_SYNTH_LEN"),
-    F("--spec-synth-rates", "refused", "P0,P1,...", note="synthetic acceptance (benchmarking only) is not implemented", env="LLAMA_ARG_SPEC_SYNTH_RATES"),
+    F("--spec-synth-len", "divergent", "L", dest="spec_synth_len", type="float",
+      note="benchmarking only: drafts accepted at random for a target mean acceptance length (target token "
+           "included), whatever the target says; the output is not the target's. draft-simple and prompt lookup", env="LLAMA_ARG_SPEC_SYNTH_LEN"),
+    F("--spec-synth-rates", "divergent", "P0,P1,...", dest="spec_synth_rates",
+      note="benchmarking only: per-position acceptance probabilities (non-increasing, one per draft), whatever the "
+           "target says; the output is not the target's. draft-simple and prompt lookup", env="LLAMA_ARG_SPEC_SYNTH_RATES"),
     F("--spec-draft-p-split --draft-p-split", "ignored", "P", note="no draft-tree splitting: blocks are one chain", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT"),
     F("--spec-draft-p-min --draft-p-min", "ignored", "P",
       note="a draft-model block is always --spec-draft-n-max long; the acceptance rule decides what survives", env="LLAMA_ARG_SPEC_DRAFT_P_MIN"),
@@ -356,8 +360,11 @@ FLAGS: list[Flag] = [
     F("--jinja", "divergent", negatives=("--no-jinja",), dest="jinja",
       note="templates are always rendered with Jinja; --no-jinja is accepted and changes nothing", env="LLAMA_ARG_JINJA"),
     F("--reasoning-format", "ignored", "FORMAT", note="no reasoning extraction: replies are content-only", env="LLAMA_ARG_THINK"),
-    F("-rea --reasoning", "ignored", "[on|off|auto]", optional_value=True, note="no reasoning extraction", env="LLAMA_ARG_REASONING"),
-    F("--reasoning-effort", "ignored", "LEVEL", note="no reasoning extraction", env="LLAMA_ARG_REASONING_EFFORT"),
+    F("-rea --reasoning", "supported", "[on|off|auto]", dest="reasoning", optional_value=True,
+      note="on/off set the template variable enable_thinking to true/false, as upstream; auto leaves the template's "
+           "default (reasoning is not split from the content)", env="LLAMA_ARG_REASONING"),
+    F("--reasoning-effort", "supported", "LEVEL", dest="reasoning_effort",
+      note="the template variable reasoning_effort ('default' leaves it unset), as upstream", env="LLAMA_ARG_REASONING_EFFORT"),
     F("--reasoning-budget", "ignored", "N", note="no reasoning extraction", env="LLAMA_ARG_THINK_BUDGET"),
     F("--reasoning-budget-message", "ignored", "MESSAGE", note="no reasoning extraction", env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
     F("--reasoning-preserve", "ignored", negatives=("--no-reasoning-preserve",), note="no reasoning extraction", env="LLAMA_ARG_REASONING_PRESERVE"),

@@ -20,6 +20,7 @@ from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.gate import GateMiddleware
 from mlxcel.server.http.limits import BodyRefused, Limits
 from mlxcel.server.http.routes import completions, info, tokens, unsupported
+from mlxcel.server.http.routes.gcp import add_gcp_routes
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.startup import load_into
 from mlxcel.server.http.state import ServerState
@@ -63,6 +64,7 @@ def create_app(config: ServerConfig, loader: Callable[[], LoadedModel] | None = 
     for module in ROUTE_MODULES:
         module.add_routes(router)
     app.router.routes.extend(router.routes)  # flat, so app.routes lists every route
+    add_gcp_routes(app, config)  # Vertex AI's prediction route, when AIP_MODE=PREDICTION
     return app
 
 

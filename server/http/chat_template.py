@@ -8,6 +8,7 @@ Jinja environment), so templates behave as they do in transformers.
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 from mlxcel.server.runtime.errors import invalid
@@ -74,7 +75,10 @@ def apply_template(tokenizer, template: str | None, messages: list[dict], add_ge
     if not template:
         raise invalid("this model has no chat template; start the server with --chat-template")
     tok = getattr(tokenizer, "_tokenizer", tokenizer)
-    extra = dict(extra or {})
+    # the dates upstream puts in every template's context (Llama 3.x templates print date_string);
+    # a chat_template_kwargs entry of the same name wins
+    now = datetime.datetime.now()
+    extra = {"datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"), **(extra or {})}
     # a template variable the request sets through chat_template_kwargs wins, as upstream merges them
     add_generation_prompt = bool(extra.pop("add_generation_prompt", add_generation_prompt))
     for reserved in ("tokenize", "chat_template", "continue_final_message", "conversation", "return_dict"):

@@ -87,7 +87,12 @@ def render_chat(state: ServerState, req: ChatRequest, body: dict) -> str:
     kwargs = {**state.template_kwargs, **(req.chat_template_kwargs or {})}
     if req.tools:
         kwargs["tools"] = req.tools  # rendered by the model's own template
-    if req.reasoning_effort is not None and req.reasoning_effort != "none":
+    if isinstance(kwargs.get("enable_thinking"), str):
+        raise invalid('invalid type for "enable_thinking" (expected boolean, got string)')
+    if req.reasoning_effort == "none":  # as upstream: "none" turns thinking off
+        kwargs["enable_thinking"] = False
+        kwargs.pop("reasoning_effort", None)
+    elif req.reasoning_effort:
         kwargs["reasoning_effort"] = req.reasoning_effort  # as upstream: the template reads it
     add_gen = True if req.add_generation_prompt is None else req.add_generation_prompt
     cont = req.continue_final_message

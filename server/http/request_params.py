@@ -248,6 +248,8 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
     check_stops(stops)
     echo = {name: getattr(req, name) for name in ("n_keep", "n_discard", "mirostat_tau", "mirostat_eta",
                                                   "dynatemp_exponent", "adaptive_decay") if getattr(req, name) is not None}
+    if params.get("ignore_eos"):  # as upstream shows it: the end-of-generation tokens banned by a -inf bias
+        bias = {**bias, **{t: -math.inf for t in sorted(loaded.eos_token_ids) if t not in bias}}
     if bias:
         echo["logit_bias"] = bias
     return GenerationOptions(

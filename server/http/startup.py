@@ -17,6 +17,7 @@ from mlxcel.server.http.prompts import longest_piece
 from mlxcel.server.http.request_params import build_defaults
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.http.token_text import TokenText
+from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.speculation import Speculation
 from mlxcel.server.runtime.speculation_settings import resolve
@@ -40,8 +41,7 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
         with open(config.chat_template_file, encoding="utf-8") as f:
             template_src = f.read()
     state.template = resolve_template(loaded.chat_template, template_src)
-    if config.chat_template_kwargs:
-        state.template_kwargs = json.loads(config.chat_template_kwargs)
+    state.template_kwargs = template_kwargs(config)
     state.defaults = build_defaults(config)
     # as upstream: the aliases (a set, so the name is the first in order), else the model as given
     state.aliases = comma_set(config.alias) or [config.model or config.hf_repo or loaded.path.name]
@@ -63,3 +63,15 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     scheduler.start()
     state.scheduler = scheduler
     log.info("model %s loaded; %d slots, n_ctx %d", state.model_name, len(scheduler.slots), scheduler.n_ctx)
+
+
+def template_kwargs(config: ServerConfig) -> dict:
+    """The template variables every chat request starts from, as upstream builds them from the
+    command line: ``--chat-template-kwargs``, then ``--reasoning on|off`` (``enable_thinking``) and
+    ``--reasoning-effort`` (``reasoning_effort``; ``default`` leaves the template's own)."""
+    kwargs = json.loads(config.chat_template_kwargs) if config.chat_template_kwargs else {}
+    if config.reasoning in ("on", "off"):  # the CLI normalizes the value
+        kwargs["enable_thinking"] = config.reasoning == "on"
+    if config.reasoning_effort and config.reasoning_effort != "default":
+        kwargs["reasoning_effort"] = config.reasoning_effort
+    return kwargs

@@ -68,6 +68,10 @@ class ServerConfig:
     chat_template: str | None = None
     chat_template_file: str | None = None
     chat_template_kwargs: str | None = None
+    gcp_predict_route: str | None = None  # Vertex AI prediction route (AIP_MODE=PREDICTION); None: off
+    gcp_health_route: str | None = None  # AIP_HEALTH_ROUTE: /health served there too
+    reasoning: str | None = None  # on | off | auto (normalized by the CLI): enable_thinking for the template
+    reasoning_effort: str | None = None  # the template's reasoning_effort ("default": unset)
     timeout: int = 3600
     cors_origins: str = "*"
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
@@ -94,6 +98,8 @@ class ServerConfig:
     spec_ngram_simple_size_n: int | None = None
     spec_ngram_simple_size_m: int | None = None
     spec_draft_sampling: str | None = None
+    spec_synth_len: float | None = None  # benchmarking only (synthetic acceptance)
+    spec_synth_rates: str | None = None
     spec_default: bool = False
     draft_kind: str | None = None
     draft_adaptive: str | None = None

@@ -64,7 +64,10 @@ class Speculation:
                         n_max, settings.kind.name, declared)
             n_max = declared
         settings = SpeculationSettings(settings.choice, n_max=n_max, n_min=min(settings.n_min, n_max),
-                                       lookup=settings.lookup)
+                                       lookup=settings.lookup, synth_probs=settings.synth_probs)
+        if settings.synth_probs:
+            log.warning("synthetic speculative acceptance is on (--spec-synth-*), for benchmarking: drafts are "
+                        "accepted at random whatever the target says, so the output is not the target's")
         log.warning("Drafter loaded: %s (block %d, %s); excluded from request timings", source.description, n_max,
                     _rule_note(settings.kind))
         return cls(settings, source, target)
@@ -100,7 +103,7 @@ class Speculation:
         n_max = min(s.n_max, opts.spec_n_max) if opts.spec_n_max else s.n_max
         n_min = min(n_max, opts.spec_n_min if opts.spec_n_min is not None else s.n_min)
         session = SpeculativeSession(self.source.new(n_min, ngram_max=opts.spec_ngram_max), opts.sampler,
-                                     n_max=n_max, n_min=n_min,
+                                     n_max=n_max, n_min=n_min, synth_probs=s.synth_probs,
                                      stochastic=opts.spec_stochastic, kind=self.draft_kind)
         session.prime(self.target.model, sequence[:-1], self.target.make_cache, prefill_step)
         session.begin(sequence, seed)

@@ -28,6 +28,7 @@ class SpeculationSettings:
     n_max: int | None  # None: the model-based drafter's own block (resolved when it loads)
     n_min: int = 0
     lookup: LookupOptions = LookupOptions(governed=True)
+    synth_probs: tuple[float, ...] = ()  # benchmarking only: --spec-synth-len / --spec-synth-rates
 
     @property
     def kind(self) -> DrafterKind:
@@ -76,4 +77,53 @@ def resolve(config: ServerConfig) -> SpeculationSettings | None:
     stochastic_accept_enabled()  # a bad switch value fails at startup, not on the first request
     if kind.model_based:
         probe_mode()
-    return SpeculationSettings(choice=choice, n_max=n_max, n_min=n_min, lookup=lookup)
+    synth = synthetic_probs(config, kind, n_max)
+    return SpeculationSettings(choice=choice, n_max=n_max, n_min=n_min, lookup=lookup, synth_probs=synth)
+
+
+def synthetic_probs(config: ServerConfig, kind: DrafterKind, n_max: int | None) -> tuple[float, ...]:
+    """The per-position conditional acceptance probabilities of ``--spec-synth-len`` or
+    ``--spec-synth-rates`` (benchmarking only), checked as upstream checks them: one rate per draft,
+    each in [0, 1] and none above the one before; a mean length in [1, n_max + 1], turned into the
+    geometric rates that give it."""
+    length, text = config.spec_synth_len, config.spec_synth_rates
+    if length is None and text is None:
+        return ()
+    if length is not None and text is not None:
+        raise SpeculationError("synthetic acceptance length and rates are mutually exclusive")
+    if kind.model_based or n_max is None:
+        raise SpeculationError("synthetic acceptance runs with a draft model or prompt lookup, not on the "
+                               f"{kind.loop} round loop")
+    if text is not None:
+        try:
+            rates = [float(part) for part in text.split(",")]
+        except ValueError:
+            raise SpeculationError(f"--spec-synth-rates {text!r}: expected comma-separated numbers") from None
+        if len(rates) != n_max:
+            raise SpeculationError(f"synthetic acceptance rates must contain {n_max} values, got {len(rates)}")
+        if any(not (0.0 <= r <= 1.0) for r in rates):
+            raise SpeculationError("synthetic acceptance rates must be finite and within [0, 1]")
+        if any(b > a for a, b in zip(rates, rates[1:])):
+            raise SpeculationError("synthetic acceptance rates must be monotonically non-increasing")
+    else:
+        if not (1.0 <= length <= n_max + 1):
+            raise SpeculationError(f"synthetic acceptance length must be finite and within [1, {n_max + 1}]")
+        p = 1.0 if length == n_max + 1 else _geometric_rate(length - 1.0, n_max)
+        rates = [p ** (i + 1) for i in range(n_max)]
+    out, previous = [], 1.0
+    for rate in rates:  # unconditional rates -> the chance of accepting a draft once those before it were
+        out.append(rate / previous if previous > 0 else 0.0)
+        previous = rate
+    return tuple(out)
+
+
+def _geometric_rate(mean_accepted: float, n: int) -> float:
+    """The p with p + p^2 + ... + p^n == mean_accepted (bisection)."""
+    lo, hi = 0.0, 1.0
+    for _ in range(48):
+        mid = (lo + hi) / 2
+        if sum(mid ** (j + 1) for j in range(n)) < mean_accepted:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2

@@ -36,8 +36,8 @@ def server_env() -> dict:
 class ServerProcess:
     """``python -m mlxcel.server.cli ARGS --port P``, waited for until /health is 200."""
 
-    def __init__(self, *args: str, timeout: float = 180.0, env: dict | None = None):
-        self.port = free_port()
+    def __init__(self, *args: str, timeout: float = 180.0, env: dict | None = None, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "mlxcel.server.cli", *args, "--host", "127.0.0.1",
                "--port", str(self.port)]

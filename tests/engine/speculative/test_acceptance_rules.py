@@ -81,7 +81,8 @@ def test_greedy_is_chosen_before_anything_else_is_consulted(params):
 
 def test_rule_ids_are_the_stable_set():
     assert set(acc.RULES) == {"stochastic", "greedy-argmax", "sampler-match",
-                              "sampler-match-no-proposal-distribution", "argmax-against-argmax"}
+                              "sampler-match-no-proposal-distribution", "argmax-against-argmax",
+                              "synthetic"}  # --spec-synth-*: benchmarking only, never exact
     assert set(acc.RULE_DESCRIPTIONS) == set(acc.RULES)
 
 

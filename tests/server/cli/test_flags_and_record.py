@@ -58,6 +58,7 @@ def _sample(flag) -> list[str]:
     value = {"int": "4", "float": "0.5"}.get(flag.type, "x")
     if flag.dest == "chat_template":
         value = "chatml"
+    value = {"reasoning": "on", "chat_template_kwargs": "{}"}.get(flag.dest, value)
     return [value] * flag.nargs
 
 
@@ -107,7 +108,7 @@ def test_routes_agree_with_app():
     for route in recorded("routes.json")["routes"]:
         key = (route["method"], route["path"])
         # upstream registers its router routes only in router mode: a single-model server has none
-        absent = route["note"].startswith("router mode only")
+        absent = route["note"].startswith(("router mode only", "only with AIP_MODE"))
         assert (key in live) != absent, key
     recorded_paths = {(r["method"], r["path"]) for r in recorded("routes.json")["routes"]}
     for name in capture_names():
@@ -124,6 +125,8 @@ def test_routes_agree_with_app():
     (["--bogus-flag"], "unrecognized arguments"),
     (["-c", "lots"], "invalid int value"),
     (["--mirostat", "2"], "--mirostat is not supported"),
+    (["--reasoning", "maybe"], "unknown value for --reasoning"),
+    (["--chat-template-kwargs", "[1]"], "must be a JSON object"),
     (["--chat-template", "llama3"], None),  # refused when the model loads (unknown built-in name)
 ])
 def test_bad_command_line_is_one_clear_message(argv, needle, tiny_llama_dir):

@@ -15,7 +15,7 @@ REFUSED_400 = {  # upstream honours these; mlxcel has no grammar engine / mirost
     "completion_grammar", "completion_json_schema", "chat_response_format_schema", "completion_mirostat",
 }
 BAD_ROLE = {"err_messages_bad_role", "err_chat_stream_bad_role"}  # upstream 500; bad input is a 400 here
-PLANNED = {"anthropic_messages", "responses"}  # not implemented yet: 404
+PLANNED = {"anthropic_messages", "responses"}  # not implemented yet: 501 not_supported_error, saying so
 UPSTREAM_VOCAB = 49152
 
 
@@ -103,7 +103,7 @@ def test_capture(server, vocab, name):
     cap = load_capture(name)
     r = send(server, cap, vocab)
     if name in PLANNED:
-        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+        assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error", r.text
         return
     if name in REFUSED_400 or name in BAD_ROLE:
         assert r.status_code == 400, r.text

@@ -26,7 +26,8 @@ LONG = 800
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
-    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "4", env={"MLXCEL_FAULT_INJECT": FAULTS})
+    # -c 4096: 1024 per slot, room for LONG tokens (the context is split among the slots)
+    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "4", "-c", "4096", env={"MLXCEL_FAULT_INJECT": FAULTS})
     yield proc
     proc.stop()
 

@@ -250,7 +250,27 @@ def test_impossible_speculative_command_lines_are_refused(tmp_path):
                          (("--draft-kind", "dspark", "-md", str(dflash)), "dspark was asked for"),
                          (("--spec-type", "draft-simple"), "needs a draft model"),
                          (("--spec-type", "ngram-simple,draft-simple", "-md", "x.gguf"), "one drafter at a time"),
-                         (("--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "0"), "at least 1")):
+                         (("--spec-type", "ngram-simple", "--spec-ngram-simple-size-m", "0"), "at least 1"),
+                         (("-md", "x.gguf", "--spec-synth-rates", "1,1"), "must contain 3 values"),
+                         (("-md", "x.gguf", "--spec-synth-rates", "0.5,0.9,0.1"), "non-increasing"),
+                         (("-md", "x.gguf", "--spec-synth-len", "9"), "within [1, 4]"),
+                         (("-md", "x.gguf", "--spec-synth-len", "2", "--spec-synth-rates", "1,1,1"),
+                          "mutually exclusive")):
         r = run_server_command(*args)
         assert r.returncode == 2, (args, r.stderr)
         assert r.stderr.startswith("error: ") and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_synthetic_acceptance_accepts_at_the_set_rate(servers, tiny_llama_dir, draft_dir):
+    """llama-server's benchmarking flags start the server: at rate 1 every draft is accepted, at rate 0
+    none is and the output is the plain server's."""
+    common = ("-m", str(tiny_llama_dir), "-np", "1", "-md", str(draft_dir))
+    body = native("The quick brown fox", n_predict=16, temperature=0, ignore_eos=True, return_tokens=True)
+    with running(all_=partial(ServerProcess, *common, "--spec-synth-rates", "1,1,1"),
+                 none=partial(ServerProcess, *common, "--spec-synth-len", "1")) as procs:
+        t = post_ok(procs["all_"], "/completion", body)["timings"]
+        assert t["draft_n_accepted"] == t["draft_n"] > 0
+        none = post_ok(procs["none"], "/completion", body)
+        assert none["timings"]["draft_n_accepted"] == 0 and none["timings"]["draft_n"] > 0
+        assert none["tokens"] == post_ok(servers["plain"], "/completion", body)["tokens"]
+        assert "synthetic speculative acceptance is on" in procs["none"].log()
