@@ -4,7 +4,10 @@ is downloaded here (``launcher.py`` maps every hub model to a local file), so th
 skipped; each test still starts its own server with the flags it names, for both targets.
 
 Under pytest-xdist (``run.py --workers N``) each worker's servers listen on a port of their own
-(upstream's ``PORT`` variable: 8080 + the worker's number), so workers never share a server."""
+(upstream's ``PORT`` variable: 8080 + the worker's number), so workers never share a server.
+
+Tests of files ``scope.py`` names out of scope are skipped with its reason, unless
+``MLXCEL_CONFORMANCE_ALL=1`` (``run.py --all``; the llama-server baseline always runs them all)."""
 
 from __future__ import annotations
 
@@ -18,3 +21,17 @@ def pytest_configure(config) -> None:
     import utils  # upstream's tests/utils.py, importable once pytest has set up its rootdir
 
     utils.ServerPreset.load_all = staticmethod(lambda: None)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    import os
+
+    import pytest
+    from scope import reason
+
+    if os.environ.get("MLXCEL_CONFORMANCE_ALL") == "1":
+        return
+    for item in items:
+        why = reason(item.nodeid)
+        if why is not None:
+            item.add_marker(pytest.mark.skip(reason=f"out of scope: {why}"))

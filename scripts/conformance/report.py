@@ -3,8 +3,9 @@
 llama-server, on the same model and command lines, from the two files ``run.py`` writes under
 ``compat/llama-server/<build>/``. Prints the markdown table that ``docs/llama-server-compat.md``
 carries, per test file: the tests that pass against llama-server, how many of those pass against
-mlxcel-server, and mlxcel's own passed / failed / skipped counts; then every test that passes
-against llama-server and fails against mlxcel-server, with mlxcel's failure message.
+mlxcel-server, and mlxcel's own passed / failed / skipped counts, with the totals over the files in
+scope (``scope.py`` names the files and single tests that are not, and why) and over all; then every in-scope test that
+passes against llama-server and fails against mlxcel-server, with mlxcel's failure message.
 
     .venv/bin/python scripts/conformance/report.py            # the table
     .venv/bin/python scripts/conformance/report.py --failures # and the list
@@ -21,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from record import results_path  # noqa: E402
+from scope import OUT_OF_SCOPE, reason  # noqa: E402
 
 
 def load(target: str) -> dict[str, dict]:
@@ -32,28 +34,37 @@ def load(target: str) -> dict[str, dict]:
 
 def table(ours: dict[str, dict], theirs: dict[str, dict]) -> tuple[str, list[str]]:
     by_file: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
-    regressions = []
-    for test, result in ours.items():
-        row = by_file[test.split("::")[0]]
-        row[result["outcome"]] += 1
-        if theirs.get(test, {}).get("outcome") == "passed":
-            row["baseline"] += 1
-            if result["outcome"] == "passed":
-                row["both"] += 1
-            else:
-                regressions.append(f"- `{test}`: {result['outcome']} ({result['message'][:160]})")
-    lines = ["| file | pass on llama-server | of those, pass on mlxcel | mlxcel passed | failed | skipped |",
-             "|---|---:|---:|---:|---:|---:|"]
     total: dict[str, int] = defaultdict(int)
+    regressions = []
+    for test, result in sorted(ours.items()):
+        in_scope = reason(test) is None
+        counts = [by_file[test.split("::")[0]], total]
+        keys = [result["outcome"]]
+        if theirs.get(test, {}).get("outcome") == "passed":
+            keys.append("baseline")
+            if result["outcome"] == "passed":
+                keys.append("both")
+            elif in_scope:
+                regressions.append(f"- `{test}`: {result['outcome']} ({result['message'][:160]})")
+        for key in keys:
+            for row in counts:
+                row[key] += 1
+                if in_scope:
+                    row["in_" + key] += 1
+        if not in_scope:
+            by_file[test.split("::")[0]]["out"] += 1
+    lines = ["| file | pass on llama-server | of those, pass on mlxcel | mlxcel passed | failed | skipped | scope |",
+             "|---|---:|---:|---:|---:|---:|---|"]
     for name in sorted(by_file):
         row = by_file[name]
-        for key in ("baseline", "both", "passed", "failed", "skipped"):
-            total[key] += row[key]
+        scope = OUT_OF_SCOPE.get(name) or (f"in scope, but {row['out']} tests (see scope.py)" if row["out"]
+                                          else "in scope")
         lines.append(f"| `{name}` | {row['baseline']} | {row['both']} | {row['passed']} | {row['failed']} | "
-                     f"{row['skipped']} |")
-    share = 100.0 * total["both"] / total["baseline"] if total["baseline"] else 0.0
-    lines.append(f"| **all** | **{total['baseline']}** | **{total['both']} ({share:.1f}%)** | {total['passed']} | "
-                 f"{total['failed']} | {total['skipped']} |")
+                     f"{row['skipped']} | {scope} |")
+    for label, pre in (("in scope", "in_"), ("all", "")):
+        share = 100.0 * total[pre + "both"] / total[pre + "baseline"] if total[pre + "baseline"] else 0.0
+        lines.append(f"| **{label}** | **{total[pre + 'baseline']}** | **{total[pre + 'both']} ({share:.1f}%)** | "
+                     f"{total[pre + 'passed']} | {total[pre + 'failed']} | {total[pre + 'skipped']} | |")
     return "\n".join(lines), regressions
 
 
@@ -64,7 +75,7 @@ def main() -> None:
     text, regressions = table(load("mlxcel"), load("llama-server"))
     print(text)
     if args.failures:
-        print(f"\n{len(regressions)} tests pass against llama-server and not against mlxcel-server:")
+        print(f"\n{len(regressions)} in-scope tests pass against llama-server and not against mlxcel-server:")
         print("\n".join(regressions))
 
 

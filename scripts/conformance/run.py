@@ -12,7 +12,8 @@
    against a real llama-server binary (``scripts/build_llama_server.sh``), for the baseline.
 5. Write every test's outcome (passed / failed / skipped, with the reason) to
    ``compat/llama-server/<build>/conformance-<target>.json``; ``report.py`` turns the two files into the
-   table in ``docs/llama-server-compat.md``.
+   table in ``docs/llama-server-compat.md``. The test files ``scope.py`` names (features mlxcel does
+   not have, each with its reason) are skipped with that reason unless ``--all``.
 
     ./scripts/with-blas .venv/bin/python scripts/conformance/run.py                       # mlxcel-server
     ./scripts/with-blas .venv/bin/python scripts/conformance/run.py --target llama-server # the baseline
@@ -83,13 +84,15 @@ def environment() -> Path:
     return python
 
 
-def run_tests(target: str, model: Path, pytest_args: list[str], workers: int) -> Path:
+def run_tests(target: str, model: Path, pytest_args: list[str], workers: int, run_all: bool) -> Path:
     junit = CACHE / f"junit-{target}.xml"
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": str(LAUNCHER), "MLXCEL_CONFORMANCE_MODEL": str(model),
            "MLXCEL_CONFORMANCE_TARGET": target, "MLXCEL_CONFORMANCE_PYTHON": str(REPO / ".venv" / "bin" / "python"),
            "MLXCEL_CONFORMANCE_LLAMA_SERVER": str(LLAMA_SERVER), "LLAMA_CACHE": str(CACHE / "llama-cache"),
            "PYTHONPATH": os.pathsep.join([str(TESTS), str(LAUNCHER.parent), os.environ.get("PYTHONPATH", "")])}
     env.pop("DEBUG", None)
+    if run_all or target == "llama-server":
+        env["MLXCEL_CONFORMANCE_ALL"] = "1"
     args = pytest_args or ["unit", "-m", "not slow"]
     cmd = [environment(), "-m", "pytest", "-p", "no:cacheprovider", "-p", "plugin", "-q", "-rA", f"--junitxml={junit}",
            "-o", f"timeout={PER_TEST_TIMEOUT_S}", *(["-n", str(workers)] if workers > 1 else []), *args]
@@ -120,6 +123,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", choices=("mlxcel", "llama-server"), default="mlxcel")
     ap.add_argument("--model", type=Path, default=None, help="the GGUF every hub model maps to (default SmolLM2)")
+    ap.add_argument("--all", action="store_true",
+                    help="also run the test files scope.py names out of scope (skipped by default)")
     ap.add_argument("--workers", type=int, default=1,
                     help="pytest-xdist workers, each with its own server port (default 1: upstream's way)")
     ap.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- PYTEST ARGS (default: unit -m 'not slow')")
@@ -130,7 +135,7 @@ def main() -> None:
     unpack(fetch())
     pytest_args = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     model = (args.model or default_model()).resolve()
-    junit = run_tests(args.target, model, pytest_args, args.workers)
+    junit = run_tests(args.target, model, pytest_args, args.workers, args.all)
     results = outcomes(junit)
     path = results_path(args.target)
     if pytest_args:  # a partial run updates only the tests it ran

@@ -1,9 +1,12 @@
 """Chat messages -> prompt text, with the model's Jinja chat template.
 
-The template comes from the model (tokenizer config or GGUF metadata, ``LoadedModel.chat_template``)
-or from ``--chat-template`` / ``--chat-template-file`` (a Jinja string, or the built-in name
-``chatml``). It is rendered by the tokenizer's ``apply_chat_template`` (transformers' sandboxed
-Jinja environment), so templates behave as they do in transformers.
+The template comes from ``--chat-template`` / ``--chat-template-file``, else the model (tokenizer
+config or GGUF metadata, ``LoadedModel.chat_template``), else ChatML, as upstream. With Jinja (the
+default) it is rendered by the tokenizer's ``apply_chat_template`` (transformers' sandboxed Jinja
+environment), so templates behave as they do in transformers; any ``--chat-template`` string is
+Jinja source there, except the name ``chatml``. With ``--no-jinja`` the template picks one of
+upstream's built-in formats (a name such as ``llama3``, or detected from the Jinja source) and
+:mod:`legacy_templates` renders it.
 """
 
 from __future__ import annotations
@@ -11,31 +14,45 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
+import jinja2
+
+try:  # transformers' cached compiler of chat templates (see _lenient)
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+except ImportError:  # pragma: no cover
+    _compile_jinja_template = None
+
+from mlxcel.server.http import legacy_templates
 from mlxcel.server.runtime.errors import invalid
 
 CHATML = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
     "'\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
-BUILTIN_TEMPLATES = {"chatml": CHATML}
 # OpenAI's message roles; any other is refused rather than handed to the template
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
-def resolve_template(model_template: str | None, override: str | None) -> str | None:
-    """The template in force: ``--chat-template`` (built-in name or Jinja source) over the model's."""
-    if override:
-        if override in BUILTIN_TEMPLATES:
-            return BUILTIN_TEMPLATES[override]
-        if "{%" in override or "{{" in override:
-            return override
-        raise ValueError(f"unknown chat template {override!r}: mlxcel knows the built-in "
-                         f"{', '.join(BUILTIN_TEMPLATES)}, or give the Jinja source itself")
-    return model_template
+def resolve_template(model_template: str | None, override: str | None) -> str:
+    """The template source in force: ``--chat-template`` over the model's, ChatML when neither
+    gives one (as upstream); the name ``chatml`` is ChatML."""
+    source = override or model_template
+    return CHATML if not source or source == "chatml" else source
 
 
-def normalize_messages(messages: Any) -> list[dict]:
-    """Validate OpenAI-style messages; content parts of type ``text`` are joined into a string."""
+def legacy_format(source: str, from_override: bool) -> str | None:
+    """The built-in format ``--no-jinja`` renders ``source`` with: a name, or what upstream's
+    heuristics detect in the Jinja source. An override nothing matches is refused at startup, as
+    upstream; the model's own template then only fails the chat requests (None)."""
+    name = legacy_templates.detect(source)
+    if name is None and from_override:
+        raise ValueError(f"the supplied chat template is not supported: {source}\nnote: mlxcel was started "
+                         f"without --jinja; the built-in formats are {', '.join(legacy_templates.NAMES)}")
+    return name
+
+
+def normalize_messages(messages: Any, join: str = "\n") -> list[dict]:
+    """Validate OpenAI-style messages; content parts of type ``text`` are joined into a string with
+    ``join`` (upstream joins them with a newline for templates that take string content)."""
     if messages is None:
         raise invalid("'messages' is required")
     if not isinstance(messages, list):
@@ -59,7 +76,7 @@ def normalize_messages(messages: Any) -> list[dict]:
                 if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                     raise invalid("Failed to parse messages: only text content parts are supported")
                 parts.append(part["text"])
-            content = "".join(parts)
+            content = join.join(parts)
         elif content is None:
             content = ""
         elif not isinstance(content, str):
@@ -68,10 +85,42 @@ def normalize_messages(messages: Any) -> list[dict]:
     return out
 
 
+class _ConcatUndefined(jinja2.Undefined):
+    """A missing variable that concatenates as the empty string, as upstream's Jinja engine treats
+    it (``"In addition..." + functions`` renders where transformers' default would raise); every
+    other use still behaves as Jinja's ``Undefined``."""
+
+    __slots__ = ()
+
+    def __add__(self, other):
+        return other if isinstance(other, str) else super().__add__(other)
+
+    def __radd__(self, other):
+        return other if isinstance(other, str) else super().__radd__(other)
+
+
+def _lenient(template: str) -> None:
+    """Give transformers' compiled (and cached) template our undefined. It is looked up at render
+    time, so setting it on the template's environment is enough; if transformers' internals move,
+    rendering simply stays strict (the test of this behaviour then fails and says so)."""
+    if _compile_jinja_template is None:
+        return
+    try:
+        _compile_jinja_template(template).environment.undefined = _ConcatUndefined
+    except Exception:  # a template that does not compile fails again, with its message, when rendered
+        pass
+
+
 def apply_template(tokenizer, template: str | None, messages: list[dict], add_generation_prompt: bool = True,
-                   extra: dict | None = None, continue_final_message: bool = False) -> str:
-    """``messages`` rendered; ``continue_final_message`` leaves the last (assistant) message open, so
-    the model continues it (transformers renders it closed and cuts after its content)."""
+                   extra: dict | None = None, continuation: str | None = None, jinja: bool = True,
+                   legacy_format: str | None = None) -> str:
+    """``messages`` rendered. With ``continuation`` (the text of a final assistant message to
+    continue, already taken off ``messages``), as upstream: the rest rendered with the generation
+    prompt, then that text as it is, so the model goes on from it. Without ``jinja``
+    (``--no-jinja``), ``legacy_format`` is the built-in format to render with (None: the template
+    matched none)."""
+    if not jinja:
+        return _apply_legacy(legacy_format, messages, add_generation_prompt, continuation)
     if not template:
         raise invalid("this model has no chat template; start the server with --chat-template")
     tok = getattr(tokenizer, "_tokenizer", tokenizer)
@@ -83,9 +132,24 @@ def apply_template(tokenizer, template: str | None, messages: list[dict], add_ge
     add_generation_prompt = bool(extra.pop("add_generation_prompt", add_generation_prompt))
     for reserved in ("tokenize", "chat_template", "continue_final_message", "conversation", "return_dict"):
         extra.pop(reserved, None)
+    if continuation is not None:
+        add_generation_prompt = True
+    _lenient(template)
     try:
-        return tok.apply_chat_template(messages, chat_template=template, tokenize=False,
-                                       add_generation_prompt=add_generation_prompt,
-                                       continue_final_message=continue_final_message, **extra)
+        text = tok.apply_chat_template(messages, chat_template=template, tokenize=False,
+                                       add_generation_prompt=add_generation_prompt, **extra)
     except Exception as exc:  # a template error is the request's problem, not the server's
         raise invalid(f"failed to apply the chat template: {exc}") from None
+    return text if continuation is None else text + continuation
+
+
+def _apply_legacy(name: str | None, messages: list[dict], add_generation_prompt: bool,
+                  continuation: str | None) -> str:
+    if name is None:
+        raise invalid("this custom template is not supported, try using --jinja")
+    plain = [{"role": m["role"], "content": m["content"]} for m in messages]
+    try:
+        text = legacy_templates.render(name, plain, add_generation_prompt or continuation is not None)
+    except ValueError as exc:
+        raise invalid(f"failed to apply the chat template: {exc}") from None
+    return text if continuation is None else text + continuation

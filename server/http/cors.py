@@ -37,7 +37,9 @@ class Cors:
 
     @classmethod
     def from_config(cls, config) -> Cors:
-        return cls(config.cors_origins, config.cors_methods, config.cors_headers, config.cors_credentials)
+        # as upstream: the web UI's server tools make the default origin localhost
+        origins = config.cors_origins or ("localhost" if config.tools else "*")
+        return cls(origins, config.cors_methods, config.cors_headers, config.cors_credentials)
 
     def allow_origin(self, origin: bytes) -> bytes | None:
         """The ``Access-Control-Allow-Origin`` value for a request with this ``Origin`` header."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+from mlxcel.server.http import header_names
 from mlxcel.server.http.auth import ApiKeys, invalid_key
 from mlxcel.server.http.cors import Cors
 from mlxcel.server.http.limits import BodyLimit
@@ -37,7 +38,7 @@ class GateMiddleware:
             if name == b"origin":
                 origin = value
                 break
-        send = self.cors.wrap_send(origin, send)
+        send = self.cors.wrap_send(origin, header_names.wrap_send(send))
         if scope.get("method") == "OPTIONS":
             return await self.cors.preflight(send)
         if not state.ready:

@@ -85,6 +85,10 @@ def render_chat(state: ServerState, req: ChatRequest, body: dict) -> str:
         raise invalid("'messages' is required")
     messages = normalize_messages(req.messages)
     kwargs = {**state.template_kwargs, **(req.chat_template_kwargs or {})}
+    if not state.jinja and req.tools:
+        raise invalid("tools param requires --jinja flag")
+    if not state.jinja and isinstance(req.tool_choice, str) and req.tool_choice != "auto":
+        raise invalid("tool_choice param requires --jinja flag")
     if req.tools:
         kwargs["tools"] = req.tools  # rendered by the model's own template
     if isinstance(kwargs.get("enable_thinking"), str):
@@ -105,8 +109,14 @@ def render_chat(state: ServerState, req: ChatRequest, body: dict) -> str:
         raise invalid("Cannot set both add_generation_prompt and continue_final_message to true.")
     if continuing and messages[-1]["role"] != "assistant":
         continuing = False  # nothing to continue: the template renders as it is asked to
-    return apply_template(state.loaded.tokenizer, state.template, messages, add_gen, kwargs,
-                          continue_final_message=continuing)
+    if not continuing:
+        return apply_template(state.loaded.tokenizer, state.template, messages, add_gen, kwargs,
+                              jinja=state.jinja, legacy_format=state.legacy_format)
+    # as upstream: the final message's text parts are joined with a blank line, and go after the
+    # generation prompt of the messages before it, untouched
+    tail = normalize_messages(req.messages[-1:], join="\n\n")[0]["content"]
+    return apply_template(state.loaded.tokenizer, state.template, messages[:-1], True, kwargs, continuation=tail,
+                          jinja=state.jinja, legacy_format=state.legacy_format)
 
 
 def check_sampling_fields(req: SamplingFields, n_predict: int | None, n_probs: int) -> None:

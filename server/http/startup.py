@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 
 from mlxcel.drafters.loading import load_target
 from mlxcel.engine.model.loaded_model import LoadedModel
-from mlxcel.server.http.chat_template import resolve_template
+from mlxcel.server.http.chat_template import legacy_format, resolve_template
 from mlxcel.server.http.prompts import longest_piece
 from mlxcel.server.http.request_params import build_defaults
 from mlxcel.server.http.state import ServerState
@@ -41,6 +41,12 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
         with open(config.chat_template_file, encoding="utf-8") as f:
             template_src = f.read()
     state.template = resolve_template(loaded.chat_template, template_src)
+    state.jinja = config.jinja is not False
+    if not state.jinja:
+        state.legacy_format = legacy_format(state.template, from_override=bool(template_src))
+        if state.legacy_format is None:
+            log.warning("--no-jinja: the model's chat template matches no built-in format; chat requests "
+                        "will be refused (start with --jinja, or name a format with --chat-template)")
     state.template_kwargs = template_kwargs(config)
     state.defaults = build_defaults(config)
     # as upstream: the aliases (a set, so the name is the first in order), else the model as given
@@ -67,10 +73,13 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
 
 def template_kwargs(config: ServerConfig) -> dict:
     """The template variables every chat request starts from, as upstream builds them from the
-    command line: ``--chat-template-kwargs``, then ``--reasoning on|off`` (``enable_thinking``) and
-    ``--reasoning-effort`` (``reasoning_effort``; ``default`` leaves the template's own)."""
-    kwargs = json.loads(config.chat_template_kwargs) if config.chat_template_kwargs else {}
-    if config.reasoning in ("on", "off"):  # the CLI normalizes the value
+    command line: ``enable_thinking`` is true unless ``--reasoning off`` (upstream passes it to
+    every template; templates that test ``not enable_thinking`` need it defined), then
+    ``--chat-template-kwargs`` over it, then ``--reasoning-effort`` (``reasoning_effort``;
+    ``default`` leaves the template's own)."""
+    kwargs = {"enable_thinking": config.reasoning != "off"}  # the CLI normalizes --reasoning
+    kwargs.update(json.loads(config.chat_template_kwargs) if config.chat_template_kwargs else {})
+    if config.reasoning in ("on", "off"):  # an explicit --reasoning wins, as upstream's sets the kwarg
         kwargs["enable_thinking"] = config.reasoning == "on"
     if config.reasoning_effort and config.reasoning_effort != "default":
         kwargs["reasoning_effort"] = config.reasoning_effort

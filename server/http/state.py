@@ -25,6 +25,8 @@ class ServerState:
     aliases: list[str] = field(default_factory=list)  # -a, sorted (upstream keeps a set)
     tags: list[str] = field(default_factory=list)  # --tags, sorted
     template: str | None = None
+    jinja: bool = True  # --no-jinja: render with upstream's built-in format legacy_format
+    legacy_format: str | None = None
     template_kwargs: dict = field(default_factory=dict)
     token_text: TokenText | None = None
     metrics: Metrics = field(default_factory=Metrics)

@@ -73,7 +73,8 @@ class ServerConfig:
     reasoning: str | None = None  # on | off | auto (normalized by the CLI): enable_thinking for the template
     reasoning_effort: str | None = None  # the template's reasoning_effort ("default": unset)
     timeout: int = 3600
-    cors_origins: str = "*"
+    cors_origins: str | None = None  # unset: "*", or "localhost" when --tools is given (as upstream)
+    tools: str | None = None
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True

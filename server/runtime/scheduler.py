@@ -44,6 +44,7 @@ from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.server.runtime.errors import ApiError, shutting_down, timed_out, unavailable
 from mlxcel.server.runtime.faults import FaultPlan
 from mlxcel.server.runtime.faults import fail as inject_fault
+from mlxcel.server.runtime.kv_pool import KvPool, exceeded
 from mlxcel.server.runtime.metrics import Metrics
 from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
 from mlxcel.server.runtime.speculation import Speculation
@@ -67,6 +68,8 @@ class Scheduler:
         per_slot = self.n_ctx_total if unified_kv else self.n_ctx_total // n_slots
         self.n_ctx = max(1, min(per_slot, loaded.context_length))  # each slot's context
         self.slots = [Slot(i, self.n_ctx) for i in range(n_slots)]
+        # the unified pool's budget: every slot may use the whole -c, all of them together not more
+        self.pool = KvPool(self.n_ctx_total) if unified_kv and n_slots > 1 else None
         self.n_batch = max(1, n_batch)
         self.n_ubatch = max(1, min(n_ubatch, self.n_batch))
         self.max_queue = max_queue
@@ -251,6 +254,8 @@ class Scheduler:
                 continue
             try:
                 chunk = run.prompt[run.n_past:run.n_past + min(self.n_ubatch, budget)]
+                if not self._room(len(chunk)):
+                    return
                 if run.fault == "prefill":
                     inject_fault("prefill")
                 logits = forward_chunk(self.lm.model, chunk, slot.cache)
@@ -284,7 +289,24 @@ class Scheduler:
         for slot in self.slots:
             run = slot.run
             if run is not None and run.spec is not None and not run.prefilling and not run.done:
+                if not self._room(1):
+                    return
                 self._speculate(slot)
+
+    def _room(self, need: int) -> bool:
+        """Whether the unified pool has room for ``need`` more tokens (always, without one). When it
+        has none even after dropping idle slots' cached prompts, every running request ends with
+        upstream's 500 "Context size has been exceeded." and its cache is cleared."""
+        if self.pool is None or self.pool.make_room(self.slots, need):
+            return True
+        busy = [s for s in self.slots if s.busy]
+        log.error("the unified KV pool (-c %d) is full: failing the %d running requests", self.pool.total, len(busy))
+        for slot in busy:
+            slot.run.task.sink(Failed(exceeded()))
+        self._batch = DecodeBatch(self.lm.model)  # every row in it is gone
+        for slot in busy:
+            slot.cache, slot.tokens, slot.run = None, [], None
+        return False
 
     def _speculate(self, slot: Slot) -> None:
         """One verify round for a speculating row, on its own cache."""
@@ -309,6 +331,8 @@ class Scheduler:
 
     def _decode_batch(self) -> None:
         if not len(self._batch):
+            return
+        if not self._room(len(self._batch)):
             return
         rows = list(self._batch.rows)
         runs = [self.slots[r].run for r in rows]

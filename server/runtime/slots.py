@@ -116,14 +116,15 @@ class SlotRun:
         chunk; with ``timings_per_token`` it carries the prompt timings so far (zero at the start)."""
         if self.opts.return_progress and self.opts.stream:
             now = time.perf_counter()
-            processed = self.n_past - self.cache_n
+            processed = self.n_past - self.cache_n  # run in this request (the cache is reused)
             if self.t_prefill_start is None:
                 self.t_prefill_start = now
             timings = None
             if self.opts.timings_per_token:
                 timings = Timings(cache_n=self.cache_n, prompt_n=processed,
                                   prompt_ms=(now - self.t_prefill_start) * 1e3 if processed else 0.0)
-            self.task.sink(Progress(total=len(self.prompt), cache=self.cache_n, processed=processed,
+            # upstream's "processed" counts the prompt tokens in the cache so far, reused ones included
+            self.task.sink(Progress(total=len(self.prompt), cache=self.cache_n, processed=self.n_past,
                                     time_ms=int((now - self.task.t_arrival) * 1000), timings=timings))
 
     # -- tokens ---------------------------------------------------------------------------------

@@ -37,17 +37,21 @@ class Timings:
     draft: SpeculativeCounters | None = None
 
     def to_json(self) -> dict:
-        prompt_per_token = self.prompt_ms / self.prompt_n if self.prompt_n > 0 else 0.0
+        # times to the microsecond, as upstream's clock gives them; the rates come from those very
+        # figures, so a client recomputing a rate from the body gets the same number
+        prompt_ms = round(self.prompt_ms, 3)
+        predicted_ms = round(max(self.predicted_ms, 0.001), 3) if self.predicted_n else 0.0
+        prompt_per_token = prompt_ms / self.prompt_n if self.prompt_n > 0 else 0.0
         decoded = self.predicted_n - 1
-        predicted_per_token = self.predicted_ms / decoded if decoded > 0 else 0.0
+        predicted_per_token = predicted_ms / decoded if decoded > 0 else 0.0
         out = {
             "cache_n": self.cache_n,
             "prompt_n": self.prompt_n,
-            "prompt_ms": round(self.prompt_ms, 3),
+            "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_per_token,
             "prompt_per_second": 1e3 / prompt_per_token if prompt_per_token > 0 else 0.0,
             "predicted_n": self.predicted_n,
-            "predicted_ms": round(max(self.predicted_ms, 0.001), 3) if self.predicted_n else 0.0,
+            "predicted_ms": predicted_ms,
             "predicted_per_token_ms": predicted_per_token,
             "predicted_per_second": 1e3 / predicted_per_token if predicted_per_token > 0 else 0.0,
         }

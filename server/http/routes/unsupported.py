@@ -9,21 +9,17 @@ from fastapi import APIRouter
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.runtime.errors import not_supported
 
-# path -> (what upstream calls the feature, the flag that enables it there)
+# path -> what the feature is. Upstream's 501 advises a flag that enables it; mlxcel has no such
+# flag (its --embeddings / --reranking are refused), so the message says it is not implemented.
 DISABLED = {
-    "/embedding": ("embeddings", "--embeddings"),
-    "/embeddings": ("embeddings", "--embeddings"),
-    "/v1/embeddings": ("embeddings", "--embeddings"),
-    "/rerank": ("reranking", "--reranking"),
-    "/reranking": ("reranking", "--reranking"),
-    "/v1/rerank": ("reranking", "--reranking"),
-    "/v1/reranking": ("reranking", "--reranking"),
+    "/embedding": "embeddings", "/embeddings": "embeddings", "/v1/embeddings": "embeddings",
+    "/rerank": "reranking", "/reranking": "reranking", "/v1/rerank": "reranking", "/v1/reranking": "reranking",
 }
 
 
-def _disabled(what: str, flag: str):
+def _disabled(what: str):
     async def disabled():
-        raise not_supported(f"This server does not support {what}. Start it with `{flag}`")
+        raise not_supported(f"This server does not support {what}: mlxcel-server does not implement them yet")
 
     return disabled
 
@@ -60,7 +56,8 @@ async def feature_disabled() -> JsonResponse:
 
 
 async def slot_action(id_slot: str):
-    raise not_supported("This server does not support slots action. Start it with `--slot-save-path`")
+    raise not_supported("This server does not support slots action: mlxcel-server cannot save, restore or erase "
+                        "slots yet (--slot-save-path is ignored)")
 
 
 async def infill():
@@ -69,8 +66,8 @@ async def infill():
 
 def add_routes(router: APIRouter) -> None:
     router.add_api_route("/slots/{id_slot}", slot_action, methods=["POST"])
-    for path, (what, flag) in DISABLED.items():
-        router.add_api_route(path, _disabled(what, flag), methods=["POST"])
+    for path, what in DISABLED.items():
+        router.add_api_route(path, _disabled(what), methods=["POST"])
     router.add_api_route("/infill", infill, methods=["POST"])
     for path in ("/tools", "/cors-proxy"):
         router.add_api_route(path, feature_disabled, methods=["GET", "POST"])

@@ -108,6 +108,10 @@ def test_cors_origin_choices():
     c = parse_args(["--cors-origins", "localhost", "--cors-methods", "GET", "--cors-headers", "x-a",
                     "--no-cors-credentials"])
     assert (c.cors_origins, c.cors_methods, c.cors_headers, c.cors_credentials) == ("localhost", "GET", "x-a", False)
+    # as upstream: the web UI's tools make the default origin localhost; an explicit one wins
+    assert Cors.from_config(parse_args([])).origins == "*"
+    assert Cors.from_config(parse_args(["--tools", "all"])).origins == "localhost"
+    assert Cors.from_config(parse_args(["--tools", "all", "--cors-origins", "*"])).origins == "*"
 
 
 def test_default_bind_is_loopback():

@@ -1,7 +1,8 @@
-"""The variables a chat template sees, as upstream sets them: the dates (``date_string``,
-``datetime``), ``enable_thinking`` from ``--reasoning on|off``, ``reasoning_effort`` from
-``--reasoning-effort`` and from the request (where ``"none"`` turns thinking off), and
-``chat_template_kwargs`` over all of them. A real server renders a template that prints them."""
+"""What a chat template sees, as upstream gives it: the dates (``date_string``, ``datetime``),
+``enable_thinking`` from ``--reasoning on|off``, ``reasoning_effort`` from ``--reasoning-effort``
+and from the request (where ``"none"`` turns thinking off), ``chat_template_kwargs`` over all of
+them, undefined variables that concatenate as empty strings, content parts joined, and a final
+assistant message continued. A real server renders a template that prints them."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ import httpx
 import pytest
 from server_process import ServerProcess
 
-TEMPLATE = ("{% for m in messages %}{{ m['content'] }}|{% endfor %}"
-            "date={{ date_string | default('unset') }}|datetime={{ datetime | default('unset') }}|"
-            "thinking={{ enable_thinking | default('unset') }}|effort={{ reasoning_effort | default('unset') }}")
+TEMPLATE = ("{% for m in messages %}{{ m['role'] }}:{{ m['content'] }};{% endfor %}"
+            "|date={{ date_string | default('unset') }}|datetime={{ datetime | default('unset') }}"
+            "|thinking={{ enable_thinking | default('unset') }}|effort={{ reasoning_effort | default('unset') }}"
+            "|lenient={{ '<' + not_given + '>' }}{% if add_generation_prompt %}|gen=on{% endif %}")
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
@@ -26,10 +28,24 @@ def client(tiny_llama_dir):
     proc.stop()
 
 
-def render(client, **extra) -> dict[str, str]:
-    r = client.post("/apply-template", json={"messages": MESSAGES, **extra})
+def render(client, messages=MESSAGES, **extra) -> dict[str, str]:
+    r = client.post("/apply-template", json={"messages": messages, **extra})
     assert r.status_code == 200, r.text
-    return dict(part.split("=", 1) for part in r.json()["prompt"].split("|")[1:])
+    head, *parts = r.json()["prompt"].split("|")
+    return {"messages": head, **dict(part.split("=", 1) for part in parts)}
+
+
+def test_an_undefined_variable_concatenates_as_empty_as_upstreams_engine_does(client):
+    assert render(client)["lenient"] == "<>"
+
+
+def test_content_parts_join_with_a_newline_and_a_continued_message_with_a_blank_line(client):
+    parts = [{"type": "text", "text": "Wh"}, {"type": "text", "text": "ill"}]
+    got = render(client, [{"role": "user", "content": parts}, {"role": "assistant", "content": parts}])
+    # the messages before the continued one, rendered with the generation prompt, then its text as is
+    assert got["messages"] == "user:Wh\nill;" and got["gen"] == "onWh\n\nill"
+    assert render(client, add_generation_prompt=False)["messages"] == "user:hi;"
+    assert "gen" not in render(client, add_generation_prompt=False)
 
 
 def test_the_dates_are_todays_in_upstreams_two_formats(client):
