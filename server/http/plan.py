@@ -125,6 +125,8 @@ def check_sampling_fields(req: SamplingFields, n_predict: int | None, n_probs: i
     check_unsupported(req)
     check_range("n_predict", n_predict, -1, INT_MAX)
     check_range("n_probs", n_probs, 0, 1024)
+    check_range("n_keep", req.n_keep, -1, INT_MAX)
+    check_range("n_discard", req.n_discard, 0, INT_MAX)
     check_range("repeat_last_n", req.repeat_last_n, -1, INT_MAX)
     check_range("dry_allowed_length", req.dry_allowed_length, 0, INT_MAX)
     check_range("dry_penalty_last_n", req.dry_penalty_last_n, 0, INT_MAX)

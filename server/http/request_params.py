@@ -48,6 +48,7 @@ class ServerDefaults:
     n_predict: int = -1
     samplers: list[str] = field(default_factory=lambda: list(DEFAULT_SAMPLERS))
     cache_prompt: bool = True
+    n_keep: int = 0
     n_slots: int = 4
     # upstream's generation_settings["speculative.types"]: "none", or "none,<spec type>" on a drafting server
     speculative_types: str = "none"
@@ -121,7 +122,8 @@ def build_defaults(config: ServerConfig) -> ServerDefaults:
     if "seed" in known:
         params["seed"] = config.seed
     return ServerDefaults(sampler=SamplerParams(**params), seed=config.seed, n_predict=config.n_predict,
-                          samplers=samplers, cache_prompt=config.cache_prompt, n_slots=config.n_slots)
+                          samplers=samplers, cache_prompt=config.cache_prompt, n_keep=config.n_keep,
+                          n_slots=config.n_slots)
 
 
 def parse_logit_bias(value: Any, tokenizer, vocab_size: int) -> dict[int, float]:
@@ -246,8 +248,8 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
     stop = req.stop
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     check_stops(stops)
-    echo = {name: getattr(req, name) for name in ("n_keep", "n_discard", "mirostat_tau", "mirostat_eta",
-                                                  "dynatemp_exponent", "adaptive_decay") if getattr(req, name) is not None}
+    echo = {name: getattr(req, name) for name in ("mirostat_tau", "mirostat_eta", "dynatemp_exponent", "adaptive_decay")
+            if getattr(req, name) is not None}
     if params.get("ignore_eos"):  # as upstream shows it: the end-of-generation tokens banned by a -inf bias
         bias = {**bias, **{t: -math.inf for t in sorted(loaded.eos_token_ids) if t not in bias}}
     if bias:
@@ -267,6 +269,8 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         stream=bool(req.stream) if stream is None else stream,
         samplers=samplers if samplers is not None else list(defaults.samplers),
         n_indent=req.n_indent or 0,
+        n_keep=req.n_keep if req.n_keep is not None else defaults.n_keep,
+        n_discard=req.n_discard or 0,
         t_max_predict_ms=req.t_max_predict_ms if req.t_max_predict_ms is not None else -1,
         sse_ping_interval=req.sse_ping_interval if req.sse_ping_interval is not None else -1,
         spec_type=req.speculative_type,

@@ -65,6 +65,7 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
                           n_batch=config.batch_size,
                           n_ubatch=config.ubatch_size, metrics=state.metrics, max_queue=state.limits.max_queue,
                           slot_prompt_similarity=config.slot_prompt_similarity, speculation=speculation,
+                          context_shift=config.context_shift,
                           timeout=float(config.timeout))
     scheduler.start()
     state.scheduler = scheduler

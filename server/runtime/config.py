@@ -29,6 +29,8 @@ class ServerConfig:
     parallel: int = -1
     kv_unified: bool | None = None  # -kvu / -no-kvu; None: on when the slot count is auto (-np -1)
     n_predict: int = -1
+    n_keep: int = 0  # --keep: the default n_keep of requests (prompt tokens a context shift keeps)
+    context_shift: bool = False
     batch_size: int = 2048
     ubatch_size: int = 512
     hf_repo: str | None = None

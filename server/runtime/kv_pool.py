@@ -22,8 +22,12 @@ def exceeded() -> ApiError:
 
 
 def held(slot: Slot) -> int:
-    """Tokens the slot's cache holds: its prompt so far and, while a request runs, what it generated."""
-    return len(slot.tokens) + (len(slot.run.generated) if slot.run is not None else 0)
+    """Tokens the slot's cache holds: its prompt so far and, while a request runs, what it generated
+    (after a context shift: the shifted context)."""
+    run = slot.run
+    if run is not None and run.head is not None:
+        return len(run.context_tokens())
+    return len(slot.tokens) + (len(run.generated) if run is not None else 0)
 
 
 class KvPool:

@@ -58,8 +58,9 @@ class Scheduler:
                  n_batch: int = 2048,
                  n_ubatch: int = 512, max_queue: int = 256, metrics: Metrics | None = None,
                  slot_prompt_similarity: float = 0.1, speculation: Speculation | None = None,
-                 timeout: float = 0.0):
+                 timeout: float = 0.0, context_shift: bool = False):
         self.lm = loaded
+        self.context_shift = context_shift  # a full context drops tokens and goes on (SlotRun.shift)
         self.speculation = speculation
         n_slots = max(1, n_slots)
         self.n_ctx_total = n_ctx if n_ctx > 0 else loaded.context_length
@@ -240,7 +241,8 @@ class Scheduler:
         chain = SamplerChain(params, vocab_size=self.vocab_size, eos_token_ids=self.eos_ids,
                              tokenizer=self.lm.tokenizer)
         seed = resolve_seed(task.options.seed)
-        slot.run = SlotRun(slot, task, chain, seed, self.lm.tokenizer, self.eos_ids, cache_n=reuse)
+        slot.run = SlotRun(slot, task, chain, seed, self.lm.tokenizer, self.eos_ids, cache_n=reuse,
+                           context_shift=self.context_shift)
         if self.faults is not None:
             slot.run.fault = self.faults.stage_for(self.lm.tokenizer.decode(prompt))
         slot.last_used = time.perf_counter()
@@ -291,7 +293,10 @@ class Scheduler:
             if run is not None and run.spec is not None and not run.prefilling and not run.done:
                 if not self._room(1):
                     return
-                self._speculate(slot)
+                if run.context_full():
+                    self._shift(slot)  # decodes plainly from now on
+                else:
+                    self._speculate(slot)
 
     def _room(self, need: int) -> bool:
         """Whether the unified pool has room for ``need`` more tokens (always, without one). When it
@@ -312,8 +317,7 @@ class Scheduler:
         """One verify round for a speculating row, on its own cache."""
         run, spec = slot.run, slot.run.spec
         try:
-            result = spec.round(self.lm.model, slot.cache, run.chain, run.prompt + run.generated,
-                                run.limit() - len(run.generated))
+            result = spec.round(self.lm.model, slot.cache, run.chain, run.prompt + run.generated, run.room())
             now = time.perf_counter()
             used = 0
             for token in result.emitted:
@@ -329,7 +333,35 @@ class Scheduler:
         if run.done:
             self._release(slot, send=not run.task_failed)
 
+    def _shift(self, slot: Slot) -> None:
+        """--context-shift for a row whose context is full: drop tokens as upstream chooses them
+        (``SlotRun.shift``) and re-evaluate what is kept into a fresh cache, which rejoins the
+        decode batch. Upstream instead moves the kept keys to their new positions by re-rotating
+        them; re-evaluating costs a prefill of the kept context but needs no model-specific
+        position arithmetic, and the kept tokens then attend only to what is kept. A speculating
+        row decodes plainly after its shift (its drafter's state is for the old positions)."""
+        run = slot.run
+        try:
+            if slot.id in self._batch:
+                self._batch.remove([slot.id])
+            if run.spec is not None:
+                run.spec_ended, run.spec = run.spec, None
+            context = run.shift(self.lm.add_bos)
+            cache = self.lm.make_cache()
+            body = context[:-1]  # the last token is fed by the next decode step
+            for start in range(0, len(body), self.n_ubatch):
+                forward_chunk(self.lm.model, body[start:start + self.n_ubatch], cache)
+            slot.cache, slot.tokens = None, []
+            self._batch.add(slot.id, cache)
+        except Exception as exc:
+            log.exception("context shift failed in slot %d", slot.id)
+            self._fail(slot, exc)
+
     def _decode_batch(self) -> None:
+        for row in list(self._batch.rows):
+            run = self.slots[row].run
+            if run is not None and run.context_full():
+                self._shift(self.slots[row])
         if not len(self._batch):
             return
         if not self._room(len(self._batch)):

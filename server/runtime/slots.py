@@ -9,6 +9,8 @@ timings — everything between "a token was sampled" and "an event goes out".
 
 from __future__ import annotations
 
+import logging
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +24,8 @@ from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.stop_strings import find_stop, partial_stop_length
 from mlxcel.server.runtime.task import Failed, Final, Partial, Progress, Result, Task, TokenProb
 from mlxcel.server.runtime.timings import Timings
+
+log = logging.getLogger(__name__)
 
 # How similar (common prefix / prompt length) a slot's cached tokens must be for the slot to be
 # preferred over the least recently used one (llama-server's --slot-prompt-similarity default).
@@ -73,7 +77,7 @@ class SlotRun:
     """One request running in one slot (engine thread only)."""
 
     def __init__(self, slot: Slot, task: Task, chain: SamplerChain, seed: int, tokenizer, eos_ids: set[int],
-                 cache_n: int):
+                 cache_n: int, context_shift: bool = False):
         self.slot = slot
         self.task = task
         self.opts = task.options
@@ -100,6 +104,11 @@ class SlotRun:
         self.t_prefill_end = 0.0
         self.t_last = 0.0
         self.spec: SpeculativeSession | None = None  # while this request speculates
+        self.spec_ended: SpeculativeSession | None = None  # speculated until a context shift (its counters)
+        self.context_shift = context_shift
+        # after a context shift: the context at the shift (head) and where generated tokens join it
+        self.head: list[int] | None = None
+        self.head_from = 0
         self.task_failed = False
         self.fault: str | None = None  # faults.FaultPlan stage armed for this request (tests only)
         stops = self.opts.stop
@@ -130,10 +139,47 @@ class SlotRun:
     # -- tokens ---------------------------------------------------------------------------------
 
     def limit(self) -> int:
-        """How many tokens this request may generate in total."""
-        room = self.slot.n_ctx - len(self.prompt)
+        """How many tokens this request may generate in total: ``n_predict``, and no more than the
+        context holds unless a context shift makes room (then -1 means no limit, as upstream)."""
         n = self.opts.n_predict
+        if self.context_shift:
+            return sys.maxsize if n < 0 else n
+        room = self.slot.n_ctx - len(self.prompt)
         return room if n < 0 else min(n, room)
+
+    def room(self) -> int:
+        """How many more tokens this request may generate before it stops or its context must shift."""
+        return min(self.limit() - len(self.generated), self.slot.n_ctx - len(self.context_tokens()))
+
+    # -- context shift ----------------------------------------------------------------------------
+
+    def context_tokens(self) -> list[int]:
+        """The sequence the model sees: the prompt and every generated token, less what context
+        shifts dropped."""
+        if self.head is None:
+            return self.prompt + self.generated
+        return self.head + self.generated[self.head_from:]
+
+    def context_full(self) -> bool:
+        """Whether the next forward has no room (with --context-shift: shift first)."""
+        return self.context_shift and bool(self.generated) and len(self.context_tokens()) >= self.slot.n_ctx
+
+    def shift(self, add_bos: bool) -> list[int]:
+        """Drop ``n_discard`` tokens after the first ``n_keep`` of the context, as upstream's context
+        shift chooses them (``n_keep`` -1: the whole prompt; one more for BOS; at most ``n_ctx - 4``;
+        ``n_discard`` 0: half of the rest; at least one token stays after). Returns the new context."""
+        context = self.context_tokens()
+        n_keep = len(self.prompt) if self.opts.n_keep < 0 else self.opts.n_keep
+        n_keep = min(self.slot.n_ctx - 4, n_keep + (1 if add_bos else 0))
+        n_left = len(context) - n_keep
+        n_discard = self.opts.n_discard or n_left // 2
+        n_discard = max(0, min(n_discard, max(0, n_left - 1)))
+        log.warning("slot %d: context shift, n_keep = %d, n_left = %d, n_discard = %d",
+                    self.slot.id, n_keep, n_left, n_discard)
+        self.head = context[:n_keep] + context[n_keep + n_discard:]
+        self.head_from = len(self.generated)
+        self.truncated = True
+        return self.head
 
     def sample(self, logits: mx.array) -> int:
         """Choose the next token from ``logits[V]`` (the row for this request)."""
@@ -180,7 +226,8 @@ class SlotRun:
                     self._line_limits(delta, now)
         if not self.done and len(self.generated) >= self.limit():
             self.stop_type = "limit"
-            self.truncated = len(self.prompt) + len(self.generated) >= self.slot.n_ctx  # the context is full
+            if not self.context_shift:
+                self.truncated = len(self.prompt) + len(self.generated) >= self.slot.n_ctx  # the context is full
             self.done = True
         if self.opts.stream:
             self._stream(final=self.done)
@@ -235,13 +282,14 @@ class SlotRun:
         token but the last (sampled, never fed)."""
         if self.prefilling or not self.generated:
             return self.prompt[:self.n_past]
-        return self.prompt + self.generated[:-1]
+        return self.context_tokens()[:-1]
 
     def timings(self, draft: bool = False) -> Timings:
         """The nine base figures; with ``draft`` also the drafter's counters (only the final
         result carries them: a running total mid-stream is not a total yet). ``predicted_ms`` runs
         from the end of prefill over every verify round, as it does over plain steps."""
-        extra = {"draft": self.spec.counters} if draft and self.spec is not None else {}
+        spec = self.spec or self.spec_ended
+        extra = {"draft": spec.counters} if draft and spec is not None else {}
         return Timings(
             cache_n=self.cache_n,
             prompt_n=len(self.prompt) - self.cache_n,
@@ -259,7 +307,7 @@ class SlotRun:
             stopping_word=self.stopping_word,
             n_prompt=len(self.prompt),
             n_predicted=len(self.generated),
-            tokens_cached=len(self.prompt) + max(len(self.generated) - 1, 0),
+            tokens_cached=len(self.cached_tokens()),
             id_slot=self.slot.id,
             has_new_line="\n" in self.text,
             truncated=self.truncated,

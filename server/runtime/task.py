@@ -37,6 +37,8 @@ class GenerationOptions:
     timings_per_token: bool = False
     stream: bool = False
     samplers: list[str] = field(default_factory=list)
+    n_keep: int = 0  # context shift: prompt tokens kept at the start (-1: the whole prompt)
+    n_discard: int = 0  # context shift: tokens dropped after them (0: half of the rest)
     n_indent: int = 0  # every line after the first indented by at least this much, or the generation ends
     t_max_predict_ms: int = -1  # past this much generation time the next newline ends it
     sse_ping_interval: int = -1  # seconds of silence after which a stream gets an SSE comment ping

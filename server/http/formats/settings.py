@@ -62,8 +62,8 @@ def generation_settings(opts: GenerationOptions) -> dict:
         "stop": list(opts.stop),
         "max_tokens": opts.n_predict,
         "n_predict": opts.n_predict,
-        "n_keep": opts.echo.get("n_keep", 0),
-        "n_discard": opts.echo.get("n_discard", 0),
+        "n_keep": opts.n_keep,
+        "n_discard": opts.n_discard,
         "ignore_eos": bool(p.ignore_eos),
         "stream": opts.stream,
         "logit_bias": [{"bias": b if b != float("-inf") else None, "token": t}
