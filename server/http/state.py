@@ -42,4 +42,5 @@ class ServerState:
 
     def default_options(self) -> GenerationOptions:
         d = self.defaults
-        return GenerationOptions(sampler=d.sampler, seed=d.seed, n_predict=d.n_predict, samplers=list(d.samplers))
+        return GenerationOptions(sampler=d.sampler, seed=d.seed, n_predict=d.n_predict, samplers=list(d.samplers),
+                                 n_keep=d.n_keep)

@@ -64,8 +64,10 @@ def test_without_the_flag_a_full_context_ends_the_generation(tiny_llama_dir):
 
 def test_a_speculating_request_shifts_and_decodes_plainly_after(tiny_llama_dir):
     proc = ServerProcess("-m", str(tiny_llama_dir), "-c", str(N_CTX), "-np", "1", "--context-shift",
-                         "--spec-type", "ngram-simple")
+                         "--spec-type", "ngram-simple", "--keep", "4")
     try:
+        props = httpx.get(proc.url + "/props", timeout=30).json()
+        assert props["default_generation_settings"]["params"]["n_keep"] == 4  # --keep: the requests' default
         prompt = list(range(5, 15)) * 2  # repeats: prompt lookup has drafts to offer
         out = complete(proc, prompt=prompt, n_predict=2 * N_CTX)
         assert out["tokens_predicted"] == 2 * N_CTX and out["truncated"] is True
