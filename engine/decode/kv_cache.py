@@ -19,13 +19,15 @@ When a rewind is exact, per cache kind:
   temporal order on top of a full window (what a speculative verify round needs to drop its
   rejected drafts). Anything else would need evicted tokens back, so it is refused.
 - ``ChunkedKVCache``: only back to the start of its current chunk.
-- ``ArraysCache`` (SSM / linear-attention state): never; the state is a running summary
-  that cannot be un-applied. Rewinding by 0 is always allowed.
+- ``ArraysCache`` (SSM / linear-attention state): the state is a running summary that cannot be
+  un-applied, so only with a ``recurrent.StateTape`` of the forward that added the tokens being
+  dropped (what a speculative verify round records); without one, never. Rewinding by 0 is always
+  allowed.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlx_lm.models.cache import (
     ArraysCache,
@@ -36,6 +38,9 @@ from mlx_lm.models.cache import (
 )
 
 from mlxcel.engine.errors import CacheRewindError
+
+if TYPE_CHECKING:
+    from mlxcel.engine.decode.recurrent import StateTape
 
 
 def _leaves(cache: list[Any]) -> list[Any]:
@@ -61,7 +66,7 @@ def cache_length(cache: list[Any]) -> int:
     return lengths.pop()
 
 
-def _refusal(c: Any, n: int) -> str | None:
+def _refusal(c: Any, n: int, tape: StateTape | None = None) -> str | None:
     """Why one layer's cache cannot drop its last ``n`` tokens exactly, or None if it can."""
     offset = getattr(c, "offset", None)
     if offset is not None and n > offset:
@@ -76,7 +81,9 @@ def _refusal(c: Any, n: int) -> str | None:
             return f"the rewind crosses a chunk boundary at position {c.start_position}"
         return None
     if isinstance(c, ArraysCache):
-        return "recurrent state cannot be rewound"
+        if tape is not None and tape.covers(c, n):
+            return None
+        return "recurrent state cannot be rewound (no record of the forward that added those tokens)"
     if offset is None:
         return f"{type(c).__name__} does not track token positions"
     return None
@@ -93,17 +100,18 @@ def _recent_in_order(c: RotatingKVCache, n: int) -> bool:
     return kept >= c.max_size or kept == c.offset - n  # a full window stays, or nothing was evicted
 
 
-def can_rewind(cache: list[Any], n: int) -> bool:
-    """Whether ``rewind(cache, n)`` would succeed."""
+def can_rewind(cache: list[Any], n: int, tape: StateTape | None = None) -> bool:
+    """Whether ``rewind(cache, n, tape)`` would succeed."""
     if n < 0:
         return False
     if n == 0:
         return True
-    return all(_refusal(c, n) is None for c in _leaves(cache))
+    return all(_refusal(c, n, tape) is None for c in _leaves(cache))
 
 
-def rewind(cache: list[Any], n: int) -> None:
-    """Drop the last ``n`` tokens from every layer, exactly, in place.
+def rewind(cache: list[Any], n: int, tape: StateTape | None = None) -> None:
+    """Drop the last ``n`` tokens from every layer, exactly, in place. Recurrent layers need the
+    ``tape`` of the forward that added those tokens (``recurrent.StateTape``).
 
     Raises ``CacheRewindError`` (leaving the cache untouched) when any layer cannot."""
     if n < 0:
@@ -112,11 +120,13 @@ def rewind(cache: list[Any], n: int) -> None:
         return
     leaves = _leaves(cache)
     for i, c in enumerate(leaves):
-        why = _refusal(c, n)
+        why = _refusal(c, n, tape)
         if why is not None:
             raise CacheRewindError(f"cannot rewind the KV cache by {n} tokens: layer {i} {why}")
     for c in leaves:
-        if isinstance(c, ConcatenateKVCache):
+        if isinstance(c, ArraysCache):
+            tape.rewind_layer(c, n)
+        elif isinstance(c, ConcatenateKVCache):
             c.offset -= n
             c.keys = c.keys[..., : c.offset, :]
             c.values = c.values[..., : c.offset, :]

@@ -15,9 +15,10 @@ the same context into two fresh caches, then the block in one forward into one a
 token into the other, and compare the logits bitwise. When the target has sliding-window
 (rotating) caches the first draw's context is longer than the largest window, so the comparison
 covers the wrapped-window case too (the other draws stay short: a probe runs once per width, but
-on a 2048-token window every long draw is two long prefills). The verdict is memoized per (model, width); a failing verdict is logged
-once, and the round loop then verifies drafted blocks token by token ("chain decoding"), which
-is exact by construction.
+on a 2048-token window every long draw is two long prefills). On a cache with recurrent layers
+the block forward goes through the ``decode.recurrent.StateTape`` recording a verify round uses.
+The verdict is memoized per (model, width); a failing verdict is logged once, and the round loop
+then verifies drafted blocks token by token ("chain decoding"), which is exact by construction.
 
 ``MLXCEL_EXACTNESS_PROBE`` injects a verdict instead (for tests and measurement): ``auto``
 (default: run the probe), ``pass`` (treat every width as exact: block verify), ``fail`` (treat
@@ -28,12 +29,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
+from mlxcel.engine.decode.recurrent import StateTape
 from mlxcel.engine.speculative.switches import PROBE_ENV, probe_mode
 
 log = logging.getLogger(__name__)
@@ -84,7 +87,9 @@ def probe(model: Any, width: int, *, vocab_size: int, draws: int = PROBE_DRAWS,
         one, chain = make_cache(), make_cache()
         model(mx.array([context]), cache=one)
         model(mx.array([context]), cache=chain)
-        together = model(mx.array([block]), cache=one)[0]
+        tape = StateTape.for_cache(model, one)  # verify rounds forward a block this way on recurrent layers
+        with tape.recording() if tape is not None else nullcontext():
+            together = model(mx.array([block]), cache=one)[0]
         apart = mx.concatenate([model(mx.array([[t]]), cache=chain)[0] for t in block], axis=0)
         same = bool(mx.array_equal(together, apart).item())
         if not same:

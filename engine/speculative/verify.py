@@ -13,7 +13,9 @@ not yet forwarded. A round
    (``appended=drafts``), with randomness keyed by absolute position;
 4. lets the acceptance rule pick the accepted prefix and the one extra target token;
 5. rewinds the target cache by the rejected drafts (it then holds ``new_sequence[:-1]``) and
-   tells the drafter, which rewinds its own state.
+   tells the drafter, which rewinds its own state. Recurrent layers (Qwen3.5 / Qwen3-Next
+   gated-delta, LFM2 convolutions, ...) are cut back with the ``decode.recurrent.StateTape`` the
+   block forward recorded.
 
 Model-based drafters (``engine.speculative.drafter.ModelDrafter``: DFlash, DSpark, Muse Glimmer assistant,
 MTP) condition on the target's hidden states. For them step 2 also returns those
@@ -31,12 +33,14 @@ A round with ``k == 0`` (or a drafter with nothing to propose) is exactly one pl
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
 from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.decode.recurrent import StateTape
 from mlxcel.engine.sampling.chain import SamplerChain, sample
 from mlxcel.engine.sampling.random_keys import position_key
 from mlxcel.engine.speculative.acceptance import (
@@ -117,8 +121,12 @@ def verify_round(
             widths = sorted({len(block), *model_drafter.probe_widths(k)})
             block_exact = all(block_verdict(model, w, vocab_size=chain.vocab_size).exact for w in widths)
 
+    tape = None
     if block_exact or not drafts:
-        features = _forward(model, block, cache, layers)
+        # a cache with recurrent layers records what it needs to be cut back to the kept prefix
+        tape = StateTape.for_cache(model, cache) if drafts else None
+        with tape.recording() if tape is not None else nullcontext():
+            features = _forward(model, block, cache, layers)
         logits = features.logits
         outcome, p = _decide(rule, chain, logits, sequence, drafts, proposal.q, seed, position, synth_probs)
         forwarded = len(block)
@@ -133,7 +141,7 @@ def verify_round(
         _diagnose(result, rule, chain, logits, sequence, drafts, p, proposal.q, drafter, seed, position, outcome)
 
     kept = outcome.accepted + 1  # the pending token and the accepted drafts
-    rewind(cache, forwarded - kept)
+    rewind(cache, forwarded - kept, tape)
     if model_drafter is not None:
         model_drafter.observe_target(features.rows(0, kept))
     drafter.observe([*sequence, *outcome.emitted], proposal, outcome.accepted)
