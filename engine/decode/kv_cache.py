@@ -29,11 +29,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import mlx.core as mx
 from mlx_lm.models.cache import (
     ArraysCache,
     CacheList,
     ChunkedKVCache,
     ConcatenateKVCache,
+    QuantizedKVCache,
     RotatingKVCache,
 )
 
@@ -144,3 +146,27 @@ def rewind(cache: list[Any], n: int, tape: StateTape | None = None) -> None:
             c._idx = c.offset
         else:
             c.trim(n)
+
+
+def read_keys_values(c: Any) -> tuple[mx.array, mx.array, int]:
+    """What one attention layer's cache holds, for a reader that attends to it (a drafter reading
+    the target's cache): ``(keys, values, first_position)``, keys/values ``[B, heads, n, d]`` in
+    temporal order (a rotating cache that wrapped is unrolled, as mlx-lm orders it before a
+    multi-token forward), the entry ``j`` being the token at absolute position ``first_position + j``."""
+    if c.keys is None:
+        raise CacheRewindError("the cache is empty")
+    if isinstance(c, RotatingKVCache):
+        keys, values = _temporal(c, c.keys), _temporal(c, c.values)
+    elif isinstance(c, QuantizedKVCache):
+        raise CacheRewindError("a quantized KV cache cannot be read as keys and values")
+    else:
+        keys, values = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+    return keys, values, int(c.offset) - int(keys.shape[2])
+
+
+def _temporal(c: RotatingKVCache, v: mx.array) -> mx.array:
+    if c._idx == v.shape[2]:
+        return v
+    if c._idx < c.offset:  # wrapped: the oldest entries sit after the write index
+        return mx.concatenate([v[..., : c.keep, :], v[..., c._idx:, :], v[..., c.keep : c._idx, :]], axis=2)
+    return v[..., : c._idx, :]

@@ -293,3 +293,34 @@ def unsupported_reason(model: Any, make_cache=None) -> str | None:
     except CacheRewindError as exc:
         return f"its recurrent state cannot be restored after a verify round ({exc})"
     return None
+
+
+class StateMarks:
+    """The recurrent layers' states at chosen lengths of one sequence's cache: what a drafter that
+    feeds its own cache (a draft model) keeps to go back to any length it marked. Marking is free
+    (the states are immutable arrays, held by reference), so a drafter marks after every forward;
+    ``kv_cache.rewind(cache, n, tape=marks)`` then restores the mark at the new length."""
+
+    def __init__(self, cache: list[Any]):
+        self.cache = cache
+        self.layers = recurrent_layers(cache)
+        self.length = 0
+        self.marks: dict[int, list[list[Any]]] = {}
+
+    def mark(self, length: int) -> None:
+        """The cache now holds ``length`` tokens: remember its recurrent states there."""
+        self.length = length
+        self.marks[length] = [list(self.cache[i].cache) for i in self.layers]
+
+    def covers(self, c: Any, n: int) -> bool:
+        return (self.length - n) in self.marks and any(self.cache[i] is c for i in self.layers)
+
+    def rewind_layer(self, c: Any, n: int) -> None:
+        j = next(j for j, i in enumerate(self.layers) if self.cache[i] is c)
+        c.cache = list(self.marks[self.length - n][j])
+
+    def rewound(self, n: int) -> None:
+        """After ``kv_cache.rewind(cache, n, tape=self)``: the cache is ``n`` tokens shorter, and what it
+        holds now is committed, so only the mark at its length is worth keeping."""
+        self.length -= n
+        self.marks = {self.length: self.marks[self.length]} if self.length in self.marks else {}

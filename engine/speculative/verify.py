@@ -106,12 +106,14 @@ def verify_round(
     None asks the exactness probe when the drafter is ``probe_gated`` (and means one forward
     otherwise). ``synth_probs`` are the per-position probabilities of the benchmarking-only
     synthetic rule (``acceptance.synthetic_accept``)."""
+    model_drafter = drafter if isinstance(drafter, ModelDrafter) else None
+    if model_drafter is not None and model_drafter.reads_target_cache and k > 0:
+        model_drafter.read_target_cache(cache)
     proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
     drafts = [int(t) for t in proposal.tokens]
     if len(drafts) > k:
         raise ValueError(f"the drafter proposed {len(drafts)} tokens for a block of {k}")
     position = len(sequence)
-    model_drafter = drafter if isinstance(drafter, ModelDrafter) else None
     layers = tuple(model_drafter.feature_layers) if model_drafter is not None else None
     block = [int(sequence[-1]), *drafts]
     if block_exact is None:
