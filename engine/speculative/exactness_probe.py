@@ -99,9 +99,10 @@ def probe(model: Any, width: int, *, vocab_size: int, draws: int = PROBE_DRAWS,
 
 
 def block_verdict(model: Any, width: int, *, vocab_size: int, make_cache: Callable[[], list[Any]] | None = None,
-                  environ: Mapping[str, str] | None = None) -> ProbeVerdict:
+                  environ: Mapping[str, str] | None = None, quiet: bool = False) -> ProbeVerdict:
     """The memoized verdict for (``model``, ``width``); the first failing verdict per pair is
-    logged (a warning: this path verifies token by token from now on)."""
+    logged (a warning: this path verifies token by token from now on) unless ``quiet`` (the caller
+    reports it)."""
     mode = probe_mode(environ)
     if mode != "auto":
         return ProbeVerdict(width, mode == "pass", 0.0, 0, "env")
@@ -111,6 +112,8 @@ def block_verdict(model: Any, width: int, *, vocab_size: int, make_cache: Callab
         return hit[1]
     verdict = probe(model, width, vocab_size=vocab_size, make_cache=make_cache)
     _verdicts[key] = (model, verdict)  # the model is held so its id cannot be reused
+    if quiet:
+        return verdict
     if verdict.exact:
         log.info("Exactness probe: %s; drafted blocks are verified in one forward", verdict.describe())
     else:
@@ -123,3 +126,45 @@ def forget(model: Any | None = None) -> None:
     """Drop memoized verdicts (of one model, or all)."""
     for key in [k for k, (m, _) in _verdicts.items() if model is None or m is model]:
         del _verdicts[key]
+
+
+def verify_widths(drafter: Any, n_max: int) -> list[int]:
+    """Every verify width (rows: the pending token and the drafts) a probe-gated drafter can use with
+    blocks of up to ``n_max`` drafts: a round near the end of a generation asks for fewer drafts, so
+    every block from one draft up, and whatever else the drafter declares (``probe_widths``)."""
+    widths = {k + 1 for k in range(1, max(1, n_max) + 1)}
+    for k in range(1, max(1, n_max) + 1):
+        widths.update(int(w) for w in drafter.probe_widths(k))
+    return sorted(w for w in widths if w >= 2)
+
+
+def probe_at_load(model: Any, drafter: Any, n_max: int, *, vocab_size: int,
+                  environ: Mapping[str, str] | None = None) -> str:
+    """Probe every width ``drafter`` can verify at (``verify_widths``) now, before any request, so
+    no request's timings include a probe; return the one line that says what was found."""
+    widths = verify_widths(drafter, n_max)
+    verdicts = [block_verdict(model, w, vocab_size=vocab_size, environ=environ, quiet=True) for w in widths]
+    block = [v.width for v in verdicts if v.exact]
+    chain = [v.width for v in verdicts if not v.exact]
+    if verdicts and verdicts[0].source == "env":
+        how = f"forced by {PROBE_ENV}"
+    else:
+        worst = max((v.max_abs_diff for v in verdicts), default=0.0)
+        how = f"{PROBE_DRAWS} draws per width" + (f", largest |block - chain| logit difference {worst:.3g}" if chain else "")
+    return (f"Exactness probe at load for the {getattr(drafter, 'kind', 'model')} drafter, verify widths "
+            f"{_ranges(widths)} ({how}): blocks verified in one forward at {_ranges(block) or 'none'}, "
+            f"token by token (chain decoding) at {_ranges(chain) or 'none'}")
+
+
+def _ranges(values: list[int]) -> str:
+    out, run = [], []
+    for v in sorted(values):
+        if run and v == run[-1] + 1:
+            run.append(v)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [v]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)

@@ -27,6 +27,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxcel.engine.decode.batch import last_row_head, plain_head
 from mlxcel.engine.errors import MlxcelError
 
 
@@ -84,6 +85,11 @@ class TargetFeatures:
             ids &= set(p.layers)
         return TargetFeatures(cat([p.logits for p in parts]), {i: cat([p.layers[i] for p in parts]) for i in ids},
                               cat([p.hidden for p in parts]), cat([p.normed for p in parts]))
+
+    def compact(self) -> TargetFeatures:
+        """What a drafter can read, without the logits and the pre-norm hidden states (none reads
+        them after the round that produced them): what a server slot keeps for prompt reuse."""
+        return TargetFeatures(None, dict(self.layers), None, self.normed)
 
     def arrays(self) -> list[mx.array]:
         """Every array held (to evaluate them together)."""
@@ -184,6 +190,23 @@ def forward_with_features(model: Any, tokens: Sequence[int] | mx.array, cache: l
         out = model(x, cache=cache)
     return TargetFeatures(out[0] if logits else None, {i: _hidden(r.output)[0] for i, r in recorders.items()},
                           norm.input[0], norm.output[0])
+
+
+def chunk_with_features(model: Any, tokens: Sequence[int], cache: list[Any],
+                        layer_ids: Sequence[int] = ()) -> tuple[mx.array, TargetFeatures]:
+    """One prefill chunk, as ``decode.batch.forward_chunk`` runs it (the last position's logits
+    ``[V]``, computed as that function computes them, so a chunk's first sampled token is the same
+    bits either way), that also returns every position's features (``logits`` None). Both are
+    evaluated, with the cache. What the server's slots prefill with when the request will speculate
+    with a model-based drafter: the drafter's context then comes from the request's own prefill."""
+    x = mx.array([[int(t) for t in tokens]])
+    with _recording(model, layer_ids) as (recorders, norm):
+        out = model(x, cache=cache)
+    features = TargetFeatures(None, {i: _hidden(r.output)[0] for i, r in recorders.items()}, norm.input[0],
+                              norm.output[0])
+    logits = last_row_head(model, norm.output) if plain_head(model) else out[0, -1]
+    mx.eval(logits, [c.state for c in cache], features.arrays())
+    return logits, features
 
 
 def prefill_with_features(model: Any, tokens: Sequence[int], cache: list[Any], layer_ids: Sequence[int] = (),

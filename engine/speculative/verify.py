@@ -79,6 +79,7 @@ class RoundResult:
     diagnosed: int = 0  # tested positions the two sums cover
     chain_verified: bool = False  # the block was scored one forward per token (the probe failed)
     logits: mx.array | None = None  # the target rows the rule read, [rows, V] (row i: position + i)
+    kept_features: TargetFeatures | None = None  # a model drafter's features of the tokens the cache kept
 
 
 def verify_round(
@@ -145,7 +146,8 @@ def verify_round(
     kept = outcome.accepted + 1  # the pending token and the accepted drafts
     rewind(cache, forwarded - kept, tape)
     if model_drafter is not None:
-        model_drafter.observe_target(features.rows(0, kept))
+        result.kept_features = features.rows(0, kept)
+        model_drafter.observe_target(result.kept_features)
     drafter.observe([*sequence, *outcome.emitted], proposal, outcome.accepted)
     return result
 

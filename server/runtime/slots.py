@@ -19,6 +19,7 @@ import mlx.core as mx
 
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.speculative.session import SpeculativeSession
+from mlxcel.engine.speculative.target_features import TargetFeatures
 from mlxcel.server.runtime.detokenizer import IncrementalDetokenizer
 from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.stop_strings import find_stop, partial_stop_length
@@ -46,6 +47,9 @@ class Slot:
     n_ctx: int
     cache: list[Any] | None = None  # single-sequence cache, when not in the decode batch
     tokens: list[int] = field(default_factory=list)  # tokens whose KV the slot's cache holds
+    # a model-based drafter's features of tokens[:features.length] (what the next request's drafter
+    # needs of a reused prefix; kept only on a server with such a drafter)
+    features: TargetFeatures | None = None
     run: SlotRun | None = None
     last_used: float = 0.0
     last_task: dict = field(default_factory=dict)  # what /slots shows about the last request
@@ -104,6 +108,8 @@ class SlotRun:
         self.t_prefill_end = 0.0
         self.t_last = 0.0
         self.spec: SpeculativeSession | None = None  # while this request speculates
+        self.wants_spec = False  # the request speculates once its prefill is done
+        self.features: list[TargetFeatures] | None = None  # a model drafter's features of every cached token
         self.spec_ended: SpeculativeSession | None = None  # speculated until a context shift (its counters)
         self.context_shift = context_shift
         # after a context shift: the context at the shift (head) and where generated tokens join it
