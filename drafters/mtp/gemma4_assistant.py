@@ -288,7 +288,11 @@ class Gemma4AssistantDrafter(ModelDrafter):
         for _ in range(k):
             e = self.embed(mx.array([[token]])) * self.embed_scale
             logits, h = self.network.step(mx.concatenate([e.astype(h.dtype), h], axis=-1), kv, position)
-            token, q = draw_draft(self.chain, logits[:, : self.vocab], draws.history, self.seed, draws.position)
+            token, q = self._draw(logits[:, : self.vocab], draws.history, draws.position)
             draws.add(token, q)
         self.target_cache = None
         return draws.proposal()
+
+    def _draw(self, logits: mx.array, history: list[int], position: int) -> tuple[int, mx.array | None]:
+        """One draft: the argmax when greedy, else a draw from q (returned)."""
+        return draw_draft(self.chain, logits, history, self.seed, position)

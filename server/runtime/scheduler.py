@@ -441,7 +441,10 @@ class Scheduler:
         slot.tokens = run.cached_tokens()
         if slot.cache is not None and run.spec is not None:
             # a verify round may have forwarded tokens past where the request stopped
-            extra = cache_length(slot.cache) - len(slot.tokens)
+            try:
+                extra = cache_length(slot.cache) - len(slot.tokens)
+            except TypeError:  # a recurrent-only cache counts no positions: keep nothing unverifiable
+                extra = -1
             if extra > 0 and can_rewind(slot.cache, extra):
                 rewind(slot.cache, extra)
             elif extra != 0:

@@ -160,10 +160,15 @@ def _layer_params(rng_seed: int, hidden: int, heads: int, kv_heads: int, head_di
     }
 
 
+def _text_config(target_dir: Path) -> dict:
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    return config.get("text_config") or config
+
+
 def _backbone(target_dir: Path, layer_ids: list[int], *, layers: int, seed: int, head_dim: int | None = None,
               teacher: bool = True, logit_scale: float = 1.0) -> tuple[dict, dict]:
     """Shared shape + tensors of the three formats (HF names without a prefix)."""
-    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    tcfg = _text_config(target_dir)
     hidden = tcfg["hidden_size"]
     heads, kv = tcfg["num_attention_heads"], tcfg["num_key_value_heads"]
     head_dim = head_dim or tcfg.get("head_dim") or hidden // heads
@@ -198,7 +203,7 @@ def build_dflash(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int =
     config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", **shape, "rope_theta": 10000.0,
               "block_size": block_size,
               "dflash_config": {"target_layer_ids": list(layer_ids), "mask_token_id": mask_token_id},
-              "num_target_layers": json.loads((Path(target_dir) / "config.json").read_text())["num_hidden_layers"]}
+              "num_target_layers": _text_config(target_dir)["num_hidden_layers"]}
     return _save(out, config, params)
 
 
@@ -209,7 +214,7 @@ def build_dspark(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int =
     mx.random.seed(seed + 1)
     params["markov_head.markov_w1.weight"] = mx.random.normal((vocab, rank)) * 0.3
     params["markov_head.markov_w2.weight"] = mx.random.normal((vocab, rank)) * 0.3
-    tlayers = json.loads((Path(target_dir) / "config.json").read_text())["num_hidden_layers"]
+    tlayers = _text_config(target_dir)["num_hidden_layers"]
     config = {"architectures": ["Lfm2DSparkDraftModel"], "model_type": "qwen3", **shape,
               "rope_theta": 10000.0, "rope_is_neox_style": False, "block_size": block_size, "markov_rank": rank,
               "layer_types": ["full_attention"] * layers,
