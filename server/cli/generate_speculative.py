@@ -38,8 +38,8 @@ from mlxcel.drafters.registry import (
 )
 from mlxcel.engine.decode.recurrent import unsupported_reason
 from mlxcel.engine.model.loaded_model import LoadedModel
-from mlxcel.engine.speculative.exactness_probe import probe_at_load
 from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.exactness_probe import probe_at_load
 from mlxcel.engine.speculative.report import report_lines
 from mlxcel.engine.speculative.session import PlainSteps, SpeculativeSession, speculative_generate
 from mlxcel.engine.speculative.switches import diagnostics_enabled, probe_mode, stochastic_accept_enabled

@@ -33,8 +33,8 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 import tiny_mtp
+from mlx.utils import tree_flatten
 from tiny_checkpoints import base_config, build_tokenizer, random_params, tiny_config
 
 
