@@ -172,6 +172,7 @@ def test_generate_and_the_server_emit_the_same_sampled_tokens(tiny_llama_dir, ti
     assert body["timings"]["draft_kind"] == "draft-model" and body["timings"]["draft_rounds"] > 0
 
 
+@pytest.mark.slow  # in process, the same loop on hybrid targets: tests/drafters/test_hybrid_targets.py
 def test_a_hybrid_target_speculates_with_its_own_mtp_layers(hybrid_dirs):
     """Qwen3.5 (gated-delta layers) with its MTP layers: the text is plain decoding's, the probe ran
     before the prompt (its line on stderr), the acceptance line follows the performance line."""
