@@ -102,9 +102,14 @@ def test_temperature_zero_tokens_equal_greedy_target_decoding(servers, models, k
     lm = target_of(kind, models)
     for text in TEXTS:
         prompt = list(lm.tokenizer.encode(text))
-        body = post_ok(servers[kind], "/completion", native(prompt))
+        body = post_ok(servers[kind], "/completion", native(prompt, id_slot=0))
         assert body["tokens"] == greedy(lm, prompt), (kind, text)
         check_dflash(body["timings"])
+    # the same prompt again in the same slot: its cached prefix is reused, with the features the slot
+    # kept of it (the drafter's context comes from there, not from a second pass over the prompt)
+    again = post_ok(servers[kind], "/completion", native(prompt, id_slot=0))
+    assert again["timings"]["cache_n"] > 0 and again["tokens"] == body["tokens"]
+    check_dflash(again["timings"])
     if kind == "muse":
         assert len(prompt) + N > 16  # the sliding window wrapped during the request
     log = servers[kind].log_path.read_text(errors="replace")
