@@ -107,8 +107,9 @@ def test_temperature_zero_tokens_equal_greedy_target_decoding(servers, models, k
         check_dflash(body["timings"])
     # the same prompt again in the same slot: its cached prefix is reused, with the features the slot
     # kept of it (the drafter's context comes from there, not from a second pass over the prompt)
+    # (not on the Muse target: its 16-token sliding window wrapped, so its cache cannot be cut back)
     again = post_ok(servers[kind], "/completion", native(prompt, id_slot=0))
-    assert again["timings"]["cache_n"] > 0 and again["tokens"] == body["tokens"]
+    assert (again["timings"]["cache_n"] > 0) is (kind != "muse") and again["tokens"] == body["tokens"]
     check_dflash(again["timings"])
     if kind == "muse":
         assert len(prompt) + N > 16  # the sliding window wrapped during the request
