@@ -114,6 +114,24 @@ def time_pair(a, b, iters: int) -> tuple[float, float]:
     return sorted(ta)[iters // 2], sorted(tb)[iters // 2]
 
 
+def paired_ratio(a, b, iters: int) -> tuple[float, float, float]:
+    """(median seconds of ``a``, of ``b``, median of the per-pair ratios b/a): each pair runs back to
+    back, so a load change on a shared machine hits both sides of a ratio alike."""
+    a(), b()
+    ta, tb, ratios = [], [], []
+    for i in range(iters):
+        pair = {}
+        for fn in ((a, b) if i % 2 == 0 else (b, a)):  # alternate which side goes first
+            start = time.perf_counter()
+            fn()
+            pair[fn] = time.perf_counter() - start
+        ta.append(pair[a])
+        tb.append(pair[b])
+        ratios.append(pair[b] / pair[a])
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return med(ta), med(tb), med(ratios)
+
+
 def bench_features(target, block: int, iters: int) -> None:
     prompt = list(target.tokenizer.encode(PROMPT))
     layers = [1, len(inner_model(target.model).layers) // 2]
@@ -305,21 +323,22 @@ def bench_recurrent(target, block: int, iters: int) -> None:
         cache = _clone(base)
         mx.eval(target.model(tokens, cache=cache), everything(cache))
 
-    def cut(strategy):
-        def run():
-            cache = _clone(base)
-            tape = StateTape(target.model, cache, strategy=strategy)
-            with tape.recording():
-                out = target.model(tokens, cache=cache)
-            rewind(cache, width - 1, tape)
-            mx.eval(out, everything(cache))
-        return run
+    for kept in (1, width - 2):
+        def cut_to(strategy, kept=kept):
+            def run():
+                cache = _clone(base)
+                tape = StateTape(target.model, cache, strategy=strategy)
+                with tape.recording():
+                    out = target.model(tokens, cache=cache)
+                rewind(cache, width - kept, tape)
+                mx.eval(out, everything(cache))
+            return run
 
-    p, c = time_pair(plain, cut(None), iters)
-    p2, r = time_pair(plain, cut(REPLAY), iters)
-    print(f"[recurrent] width {width} after a {len(prompt)}-token context, cut back to 1 kept token: plain forward "
-          f"{p * 1e3:.1f} ms, capture {c * 1e3:.1f} ms ({c / p:.3f}x); plain {p2 * 1e3:.1f} ms, replay "
-          f"{r * 1e3:.1f} ms ({r / p2:.3f}x)")
+        p, c, rc = paired_ratio(plain, cut_to(None), iters)
+        p2, r, rr = paired_ratio(plain, cut_to(REPLAY), iters)
+        print(f"[recurrent] width {width} after a {len(prompt)}-token context, cut back to {kept} kept token(s), "
+              f"medians of {iters} interleaved pairs: plain forward {p * 1e3:.1f} ms, capture {c * 1e3:.1f} ms "
+              f"(ratio {rc:.3f}); plain {p2 * 1e3:.1f} ms, replay {r * 1e3:.1f} ms (ratio {rr:.3f})")
     for kept in (2, width - 1):
         got = {}
         for strategy in (None, REPLAY):
@@ -349,17 +368,54 @@ def _decode(target, prompt, n, drafter=None, block=4):
     return decode_tps(run), session.counters
 
 
+def bench_step_overhead(target, block: int, iters: int) -> None:
+    """One decode step against one round with nothing proposed, alternating, on caches growing alike:
+    what the round machinery itself costs (both synchronous, so the plain loop's overlap of the next
+    forward with the sampling is left out on both sides)."""
+    from mlxcel.engine.speculative.acceptance import GREEDY_ARGMAX
+    from mlxcel.engine.speculative.verify import verify_round
+
+    prompt = list(target.tokenizer.encode(PROMPT))
+    chain = SamplerChain(GREEDY, vocab_size=target.vocab_size)
+    state = {}
+    for arm in ("plain", "round"):
+        cache = target.make_cache()
+        logits = target.model(mx.array([prompt]), cache=cache)[0, -1]
+        state[arm] = (cache, prompt + [int(chain.select(logits[None], prompt)[0])])
+    nothing = _Nothing()
+
+    def plain():
+        cache, seq = state["plain"]
+        logits = target.model(mx.array([[seq[-1]]]), cache=cache)[0, -1]
+        seq.append(int(chain.pick(logits[None], seq, seed=0, first_position=len(seq)).item()))
+
+    def round_():
+        cache, seq = state["round"]
+        seq.extend(verify_round(target.model, cache, chain, nothing, seq, rule=GREEDY_ARGMAX, k=block, seed=0).emitted)
+
+    p, r, ratio = paired_ratio(plain, round_, iters)
+    same = state["plain"][1] == state["round"][1]
+    print(f"[overhead] one step, medians of {iters} interleaved pairs: plain decode step {p * 1e3:.2f} ms, round with "
+          f"nothing proposed {r * 1e3:.2f} ms (median pair ratio {ratio:.3f}), same tokens: {same}")
+
+
 def bench_overhead(target, n: int, block: int, repeats: int) -> None:
     prompt = list(target.tokenizer.encode(PROMPT))
-    best = {"plain": 0.0, "nothing": 0.0}
+    ratios, plain_tps, loop_tps = [], [], []
     same = True
-    for _ in range(repeats):  # interleaved
-        (tps_p, ref), _ = _decode(target, prompt, n)
-        (tps_n, toks), _ = _decode(target, prompt, n, _Nothing(), block)
-        best["plain"], best["nothing"] = max(best["plain"], tps_p), max(best["nothing"], tps_n)
-        same = same and toks == ref
-    print(f"[overhead] plain {best['plain']:.2f} tok/s, round loop with a drafter proposing nothing "
-          f"{best['nothing']:.2f} tok/s ({best['nothing'] / best['plain'] - 1:+.1%}), same tokens: {same}")
+    for i in range(repeats):  # paired, alternating which arm goes first
+        arms = {}
+        for arm in (("plain", "nothing") if i % 2 == 0 else ("nothing", "plain")):
+            (tps, toks), _ = _decode(target, prompt, n, None if arm == "plain" else _Nothing(), block)
+            arms[arm] = (tps, toks)
+        same = same and arms["plain"][1] == arms["nothing"][1]
+        plain_tps.append(arms["plain"][0])
+        loop_tps.append(arms["nothing"][0])
+        ratios.append(arms["nothing"][0] / arms["plain"][0])
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    print(f"[overhead] {repeats} interleaved pairs of {n} tokens: plain decode median {med(plain_tps):.2f} tok/s, "
+          f"round loop with a drafter proposing nothing median {med(loop_tps):.2f} tok/s; median pair ratio "
+          f"{med(ratios):.3f} (range {min(ratios):.3f}-{max(ratios):.3f}), same tokens: {same}")
 
 
 def bench_curve(target, n: int, block: int, repeats: int, rates) -> None:
@@ -413,6 +469,7 @@ def main() -> None:
             if "recurrent" in sections:
                 bench_recurrent(hybrid, a.block, a.iters)
             if "overhead" in sections:
+                bench_step_overhead(hybrid, a.block, max(a.iters, 101))
                 bench_overhead(hybrid, a.n, a.block, a.repeats)
             if "curve" in sections:
                 bench_curve(hybrid, a.n, a.block, a.repeats, [float(r) for r in a.rates.split(",")])

@@ -21,17 +21,20 @@ to produce it. Two ways, chosen per layer:
   ``t`` rows of the input it saw. Exact, and it works for any mixer, but costs that mixer's
   projections once more over the kept rows.
 
-Why capture where it is possible (measured on this CPU, a 512-wide 8-layer Qwen3.5 with random
-weights, width-5 verify forwards, f32, ``scripts/bench_model_drafters.py --sections recurrent``):
-capturing costs the same as the plain forward within noise, while replay adds 8-25% to a round
-that rejects drafts (the gated-delta mixer's projections again). Both produce bit-identical
-states (the bench checks). On a GPU the captured recurrence launches one small kernel per block
-row instead of one for the block, which is what a one-token decode step launches anyway; the
-projections, which dominate, stay batched.
+Why capture where it is possible (measured on this CPU with ``scripts/bench_model_drafters.py
+--sections recurrent``: random 512-wide 8-layer Qwen3.5 and LFM2 targets, f32, width-5 verify
+forwards after a 180-token context, medians of 41 interleaved pairs, docs/benchmarks.md): against
+the plain forward, capture costs 0.97-1.11x (flat in the kept length: slices and smaller recurrence
+calls), replay 1.05-1.28x (it re-reads the mixer's weights and redoes its projections over the
+kept rows, so it grows with them). Both leave bit-identical states (the bench and the tests check).
+On a GPU the captured recurrence launches one small kernel per block row instead of one for the
+block, the launches a one-token decode step makes anyway; the projections, which dominate, stay
+batched, while replay's extra weight reads would cost there what they cost here.
 
 Exactness: the state after ``t`` kept tokens is the one a forward of exactly those ``t`` tokens
-leaves (bitwise, checked by the tests against a fresh forward of the shorter block), so after a
-round the cache is what a forward of the emitted tokens would have built. Whether a block forward
+leaves (bitwise, checked by the tests against a fresh forward of the shorter block for ``t >= 2``;
+a one-row forward takes another matmul kernel on this CPU, the block-versus-one-token question
+below), so after a round the cache is what a forward of the emitted tokens would have built. Whether a block forward
 equals one-token forwards at all is the same question as for attention (``exactness_probe``).
 
 A target whose recurrent layers the tape cannot follow (the cache is not per layer, or no child
