@@ -28,7 +28,7 @@ def check_format(value: Any, default: str) -> str:
     if value is None:
         return default
     if not isinstance(value, str) or value not in FORMATS:
-        raise invalid(f"Unknown reasoning format: {value}")
+        raise invalid(f"Field 'reasoning_format': Unknown reasoning format: {value}")
     return value
 
 

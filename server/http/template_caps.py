@@ -167,7 +167,7 @@ def _path_to(obj, value, path=()) -> tuple[str, ...] | None:
     return None
 
 
-def _call_object(region: str, name_at: int) -> tuple[int, int, tuple, tuple] | None:
+def _call_object(region: str, name_at: int, name: str = CALL_NAMES[0]) -> tuple[int, int, tuple, tuple] | None:
     """The JSON object in ``region`` that holds the call's name and arguments: (start, end, the
     name's key path, the arguments' key path)."""
     decoder = json.JSONDecoder()
@@ -178,7 +178,7 @@ def _call_object(region: str, name_at: int) -> tuple[int, int, tuple, tuple] | N
             continue
         if not isinstance(obj, dict) or end <= name_at:
             continue
-        name_path = _path_to(obj, CALL_NAMES[0])
+        name_path = _path_to(obj, name)
         args_path = _path_to(obj, {ARG_KEY: ARG_VALUE})
         if args_path is None:  # arguments rendered as a JSON string
             args_path = _path_to(obj, json.dumps({ARG_KEY: ARG_VALUE}))
@@ -213,7 +213,7 @@ def _layout(one: str, two: str | None) -> CallLayout | None:
     start, end, name_path, args_path = found
     if spans is not None:
         obj1 = _call_object(two, spans[0])
-        obj2 = _call_object(two[obj1[1]:], spans[1] - obj1[1]) if obj1 else None
+        obj2 = _call_object(two[obj1[1]:], spans[1] - obj1[1], CALL_NAMES[1]) if obj1 else None
         if obj1 and obj2 and two[:obj1[0]] == one[:start] and two.endswith(one[end:]):
             glue = two[obj1[1]:obj1[1] + obj2[0]]
     return CallLayout(head, mid, tail, between, start=one[:start], end=one[end:], glue=glue, name_path=name_path,
