@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from mlxcel.server.http.chat_output import ChatOutput, ChatParsing
 from mlxcel.server.http.template_caps import ThinkMarkers, probe_template
-from mlxcel.server.http.tool_calls import LayoutSyntax, call_grammar, call_syntax
+from mlxcel.server.http.tool_calls import call_grammar, call_syntax
 from mlxcel.server.runtime.reasoning_budget import COUNTING, DONE, FORCING, IDLE, BudgetSpec, ReasoningBudget
 
 HEADER = ("{%- for m in messages %}{%- if m.role == 'assistant' %}<|im_start|>assistant\n"
@@ -151,9 +151,8 @@ def test_the_grammar_forcing_a_call_is_written_in_the_templates_layout(tokenizer
     assert "CALL_ID" in ids
 
     llguidance = pytest.importorskip("llguidance")
-    import llguidance.hf
-
-    ll_tok = llguidance.hf.from_tokenizer(tokenizer._tokenizer)
+    ll_hf = pytest.importorskip("llguidance.hf")
+    ll_tok = ll_hf.from_tokenizer(tokenizer._tokenizer)
 
     def accepts(grammar: str, text: str) -> bool:
         matcher = llguidance.LLMatcher(ll_tok, llguidance.grammar_from("lark", grammar))
