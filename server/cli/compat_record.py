@@ -151,10 +151,11 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("tools", "supported", "rendered by the model's chat template (and in /apply-template, input_tokens); calls in "
      "the output are parsed into tool_calls (mlx-lm's parser for the template, else the template's own call "
      "layout), finish_reason tool_calls, streamed as tool_calls deltas"),
-    ("tool_choice", "divergent", "auto/none as upstream; required and a named function reach the template and the "
-     "output is parsed, but no grammar forces a call yet (upstream treats a named function as auto)"),
-    ("parallel_tool_calls", "supported", "passed to the template (default: whether it renders two calls); every "
-     "call in the output is parsed"),
+    ("tool_choice", "divergent", "auto/none as upstream; required and a named function reach the template (as "
+     "tool_choice) and the output is parsed, but no grammar forces a call yet (upstream treats a named function "
+     "as auto)"),
+    ("parallel_tool_calls", "divergent", "false keeps only the first call the output holds (upstream's grammar "
+     "forbids a second; no grammar here yet); default: whether the template renders two calls, as upstream"),
     ("reasoning_format", "supported", "none leaves thinking in content; auto, deepseek and deepseek-legacy (as "
      "this build reads it) put it in reasoning_content, final and streamed; the tags are the template's"),
     ("reasoning_effort", "supported", "passed to the chat template as upstream passes it ('none' is not)"),

@@ -32,6 +32,7 @@ class ChatParsing:
     open_thinking: bool = False  # the generation prompt already opened the reasoning block
     calls: CallSyntax | None = None  # None: no tool calls read (no tools, tool_choice none, or no parser)
     tools: list | None = None
+    parallel: bool = True  # parallel_tool_calls: false keeps the first call only
 
     @property
     def active(self) -> bool:
@@ -158,7 +159,7 @@ class ChatOutput:
         if parsed is None:
             out.content += self.buf  # not calls after all: it stays content
         else:
-            out.tool_calls += parsed
+            out.tool_calls += parsed if self.p.parallel else parsed[:1]
         self.buf = ""
         self.mode = CONTENT
         self.p = ChatParsing()  # nothing left to read

@@ -124,11 +124,9 @@ def _render(state: ServerState, req: ChatRequest, body: dict, with_generation_pr
     tools, tool_choice = check_tools(req.tools, req.tool_choice)
     if tools:
         kwargs["tools"] = tools  # rendered by the model's own template
-        kwargs["tool_choice"] = tool_choice if isinstance(tool_choice, str) else \
-            {"type": "function", "function": tool_choice}
-        parallel = req.parallel_tool_calls
-        kwargs["parallel_tool_calls"] = (state.template_info.caps.get("supports_parallel_tool_calls", False)
-                                         if parallel is None else parallel)
+        if tool_choice not in ("auto", "none"):  # what upstream never renders: only a template that reads it sees it
+            kwargs["tool_choice"] = tool_choice if isinstance(tool_choice, str) else \
+                {"type": "function", "function": tool_choice}
     if isinstance(kwargs.get("enable_thinking"), str):
         raise invalid('invalid type for "enable_thinking" (expected boolean, got string)')
     if req.reasoning_effort == "none":  # as upstream: "none" turns thinking off
@@ -176,7 +174,11 @@ def _chat_parsing(state: ServerState, req: ChatRequest, rendered: RenderedChat, 
     markers = state.think if fmt != "none" else None
     calls = state.call_syntax if rendered.tools and rendered.tool_choice != "none" else None
     open_thinking = markers is not None and reasoning.opens_thinking(rendered.generation_prompt, markers)
-    return ChatParsing(think=markers, open_thinking=open_thinking, calls=calls, tools=rendered.tools)
+    parallel = req.parallel_tool_calls
+    if parallel is None:  # as upstream: the template's own capability
+        parallel = state.template_info.caps.get("supports_parallel_tool_calls", False)
+    return ChatParsing(think=markers, open_thinking=open_thinking, calls=calls, tools=rendered.tools,
+                       parallel=bool(parallel))
 
 
 def check_sampling_fields(req: SamplingFields, n_predict: int | None, n_probs: int) -> None:
