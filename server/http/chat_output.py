@@ -3,13 +3,13 @@
 The text arrives in pieces (already past the stop strings); :class:`ChatOutput` turns each piece
 into deltas of ``reasoning_content`` and ``content`` and, at the end, the tool calls, holding
 back text that may still turn out to be a marker: the end-of-thinking tag while reasoning, the
-start of a tool call while in content (as ``runtime.stop_strings`` holds back a stop string). The
+start of a tool call while in content, a call until it is complete (as ``runtime.stop_strings`` holds back a stop string). The
 non-streamed body runs the same object over the whole text, so a stream's deltas always
 reassemble to the final message.
 
 The layout it reads: optional reasoning (``start``...``end`` tags; already open when the
 generation prompt opened it), then content, then tool calls (everything from the first call's
-start; text that does not parse as calls stays content). Reasoning is trimmed of the whitespace
+start; each call goes out once it is complete; text that does not parse as calls stays content). Reasoning is trimmed of the whitespace
 inside its tags, and content of the whitespace right after the end tag.
 """
 
@@ -60,6 +60,7 @@ class ChatOutput:
         self.content = ""
         self.tool_calls: list[ToolCall] = []
         self.reasoning_started = False
+        self.calls_sent = 0
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -153,13 +154,16 @@ class ChatOutput:
         self.buf = self.buf[len(self.buf) - keep:]
 
     def _calls(self, out: Delta, final: bool) -> None:
+        """Each call goes out once it is complete; at the end, text that is not calls stays content."""
+        calls, used = self.p.calls.parse(self.buf, self.p.tools, final)
+        if not self.p.parallel:
+            calls = calls[:1]
+        out.tool_calls += calls[self.calls_sent:]
+        self.calls_sent = len(calls)
         if not final:
-            return  # a call is read once the output is complete
-        parsed = self.p.calls.parse(self.buf, self.p.tools)
-        if parsed is None:
-            out.content += self.buf  # not calls after all: it stays content
-        else:
-            out.tool_calls += parsed if self.p.parallel else parsed[:1]
+            return
+        rest = self.buf[used:] if calls else self.buf
+        out.content += rest if not calls else rest.strip() and rest
         self.buf = ""
         self.mode = CONTENT
         self.p = ChatParsing()  # nothing left to read

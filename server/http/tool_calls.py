@@ -82,13 +82,25 @@ class CallSyntax:
         hits = [i for i in (text.find(t) for t in self.triggers if t) if i >= 0]
         return min(hits, default=-1)
 
-    def parse(self, text: str, tools: list | None) -> list[ToolCall] | None:
-        """The calls ``text`` (which starts with a call) holds, or None when it is not calls."""
+    def parse(self, text: str, tools: list | None, final: bool = True) -> tuple[list[ToolCall], int]:
+        """The complete calls at the start of ``text`` (which starts where a call would) and where
+        the text they take ends. Before the output is ``final`` a call is complete once its own
+        closing is there; a call that does not parse ends the list."""
         raise NotImplementedError
 
 
+def _call_of(item: Any) -> ToolCall | None:
+    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+        return None
+    args = _arguments_text(item.get("arguments", {}))
+    if args is None:
+        return None
+    return ToolCall(item["name"], args, item.get("id") if isinstance(item.get("id"), str) else call_id())
+
+
 class MlxLmSyntax(CallSyntax):
-    """One of mlx-lm's tool parsers: the text between its start and end markers, parsed by it."""
+    """One of mlx-lm's tool parsers: the text between its start and end markers, parsed by it
+    (a parser whose end marker is empty takes the rest of the output, once it is complete)."""
 
     def __init__(self, name: str, module):
         self.source = f"mlx-lm {name}"
@@ -97,35 +109,30 @@ class MlxLmSyntax(CallSyntax):
         self.triggers = (self.start,)
         self._parse = module.parse_tool_call
 
-    def parse(self, text: str, tools: list | None) -> list[ToolCall] | None:
+    def parse(self, text: str, tools: list | None, final: bool = True) -> tuple[list[ToolCall], int]:
         calls: list[ToolCall] = []
-        pos = 0
+        pos = used = 0
         while True:
             start = text.find(self.start, pos)
-            if start < 0:
-                break
-            if text[pos:start].strip() and calls:
-                return None  # prose between calls: not a call block
+            if start < 0 or text[pos:start].strip():
+                break  # no further call, or prose before it
             body_from = start + len(self.start)
             end = text.find(self.end, body_from) if self.end else -1
+            if end < 0 and not final:
+                break  # not closed yet
             body = text[body_from:end] if end >= 0 else text[body_from:]
             try:
                 parsed = self._parse(body, tools)
             except Exception:  # the parser says it is no call (any error: it is not our code)
-                return None
-            for item in parsed if isinstance(parsed, list) else [parsed]:
-                if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-                    return None
-                args = _arguments_text(item.get("arguments", {}))
-                if args is None:
-                    return None
-                calls.append(ToolCall(item["name"], args, item.get("id") or call_id()))
+                break
+            items = [_call_of(item) for item in (parsed if isinstance(parsed, list) else [parsed])]
+            if not items or None in items:
+                break
+            calls += items
+            pos = used = end + len(self.end) if end >= 0 else len(text)
             if end < 0:
                 break
-            pos = end + len(self.end)
-        if text[pos:].strip() and calls and self.end:
-            return None
-        return calls or None
+        return calls, used
 
 
 def _loose(literal: str) -> str:
@@ -177,66 +184,70 @@ class LayoutSyntax(CallSyntax):
             return len(text) - len(stripped) if stripped.startswith("{") else -1
         return super().find(text)
 
-    def parse(self, text: str, tools: list | None) -> list[ToolCall] | None:
-        try:
-            calls = self._objects(text) if self.layout.is_object else self._split(text)
-        except (json.JSONDecodeError, ValueError):
-            return None
-        return calls or None
+    def parse(self, text: str, tools: list | None, final: bool = True) -> tuple[list[ToolCall], int]:
+        return self._objects(text) if self.layout.is_object else self._split(text)
 
-    def _objects(self, text: str) -> list[ToolCall] | None:
+    def _closing(self, text: str, pos: int, literal: str) -> int:
+        """``pos`` past the layout's closing ``literal`` when it follows (whitespace-tolerant)."""
+        if not literal.strip():
+            return pos
+        m = re.compile(r"\s*" + _loose(literal.strip())).match(text, pos)
+        return m.end() if m else pos
+
+    def _objects(self, text: str) -> tuple[list[ToolCall], int]:
         lay = self.layout
         m = re.compile(r"\s*" + _loose(lay.start.strip())).match(text) if lay.start.strip() else None
         pos = m.end() if m else 0
-        calls = []
+        glue = re.compile(r"\s*" + _loose(lay.glue.strip()) + r"\s*") if lay.glue and lay.glue.strip() else None
+        calls, used = [], 0
         while True:
-            pos = len(text) - len(text[pos:].lstrip()) if pos < len(text) else pos
-            obj, pos = self._decoder.raw_decode(text, pos)
-            name, args = _get(obj, lay.name_path), _arguments_text(_get(obj, lay.args_path))
-            if not isinstance(name, str) or args is None:
-                return None
-            calls.append(ToolCall(name, args, obj.get("id") if isinstance(obj.get("id"), str) else call_id()))
-            glue = re.compile(_loose(lay.glue)).match(text, pos) if lay.glue and lay.glue.strip() else None
-            if glue is None:
+            pos = len(text) - len(text[pos:].lstrip())
+            try:
+                obj, pos = self._decoder.raw_decode(text, pos)
+            except json.JSONDecodeError:
                 break
-            pos = glue.end()
-        rest = text[pos:].strip()
-        end = lay.end.strip()
-        if rest and not (end and (rest.startswith(end) or end.startswith(rest))):
-            return None
-        return calls
+            call = _call_of({"name": _get(obj, lay.name_path), "arguments": _get(obj, lay.args_path),
+                             "id": obj.get("id") if isinstance(obj, dict) else None})
+            if call is None:
+                break
+            calls.append(call)
+            used = self._closing(text, pos, lay.end)
+            nxt = glue.match(text, pos) if glue else None
+            if nxt is None:
+                break
+            pos = nxt.end()
+        return calls, used
 
-    def _split(self, text: str) -> list[ToolCall] | None:
+    def _split(self, text: str) -> tuple[list[ToolCall], int]:
         lay = self.layout
         head = re.compile(r"\s*" + _loose(lay.head.strip()) + r"\s*")
         mid = re.compile(r"\s*" + _loose(lay.mid.strip()) + r"\s*") if lay.mid.strip() else re.compile(r"\s*")
         between = re.compile(r"\s*" + _loose(lay.between.strip()) + r"\s*") if lay.between and lay.between.strip() \
             else None
         m = head.match(text)
+        calls, used = [], 0
         if m is None:
-            return None
-        pos, calls = m.end(), []
+            return calls, used
+        pos = m.end()
         while True:
             name = NAME.match(text, pos)
-            if name is None:
-                return None
-            sep = mid.match(text, name.end())
+            sep = mid.match(text, name.end()) if name else None
             if sep is None:
-                return None
-            args, pos = self._decoder.raw_decode(text, sep.end())
-            args_text = _arguments_text(args)
-            if args_text is None:
-                return None
-            calls.append(ToolCall(name.group(), args_text, call_id()))
+                break
+            try:
+                args, pos = self._decoder.raw_decode(text, sep.end())
+            except json.JSONDecodeError:
+                break
+            call = _call_of({"name": name.group(), "arguments": args})
+            if call is None:
+                break
+            calls.append(call)
+            used = self._closing(text, pos, lay.tail)
             nxt = between.match(text, pos) if between else None
             if nxt is None:
                 break
             pos = nxt.end()
-        rest = text[pos:].strip()
-        tail = lay.tail.strip()
-        if rest and not (tail and (rest.startswith(tail) or tail.startswith(rest))):
-            return None
-        return calls
+        return calls, used
 
 
 def call_syntax(template: str | None, tokenizer, info: TemplateInfo) -> CallSyntax | None:

@@ -72,6 +72,9 @@ def test_calls_are_read_in_the_layout_the_template_renders(tokenizer, template, 
     assert content == ("" if template is BARE else "Let me look. ")
     assert all("<" not in d.content and "{" not in d.content for d in deltas)  # markup never leaked
     assert read(parsing, text, step=len(text))[2] == calls  # whole or streamed: the same calls
+    sent = [i for i, d in enumerate(deltas) for _ in d.tool_calls]
+    if len(sent) == 2:
+        assert sent[0] < sent[1]  # a call goes out once it is complete, not at the end
 
 
 def test_text_that_only_looks_like_a_call_stays_content(tokenizer):
