@@ -61,6 +61,7 @@ class ChatOutput:
         self.tool_calls: list[ToolCall] = []
         self.reasoning_started = False
         self.calls_sent = 0
+        self.reader = parsing.calls  # what reads the calls: the syntax, or its bare fallback
 
     # -- feeding ---------------------------------------------------------------------------
 
@@ -137,6 +138,15 @@ class ChatOutput:
             out.content += self.buf
             self.buf = ""
             return
+        bare = calls.bare_fallback
+        if bare is not None and not (self.content or out.content) and self.reader is calls:
+            opening = self.buf.lstrip()
+            if not opening and not final:
+                return  # the output may still open with a bare call object
+            if opening.startswith("{"):
+                self.reader = bare
+                self.mode = CALLS
+                return
         at = calls.find(self.buf) if not (self.content or out.content) or calls.triggers != ("{",) else -1
         if at >= 0:
             out.content += self.buf[:at]
@@ -155,7 +165,7 @@ class ChatOutput:
 
     def _calls(self, out: Delta, final: bool) -> None:
         """Each call goes out once it is complete; at the end, text that is not calls stays content."""
-        calls, used = self.p.calls.parse(self.buf, self.p.tools, final)
+        calls, used = self.reader.parse(self.buf, self.p.tools, final)
         if not self.p.parallel:
             calls = calls[:1]
         out.tool_calls += calls[self.calls_sent:]

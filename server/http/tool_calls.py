@@ -76,6 +76,9 @@ class CallSyntax:
 
     triggers: tuple[str, ...] = ()
     source: str = ""
+    # the call object without its markers, read when it is the whole output and names a tool of the
+    # request (small models drop the tags: Qwen2.5-Coder-0.5B answers a bare {"name": ..., "arguments": ...})
+    bare_fallback: CallSyntax | None = None
 
     def find(self, text: str) -> int:
         """Where the first call starts in ``text`` (-1: none)."""
@@ -168,10 +171,11 @@ class LayoutSyntax(CallSyntax):
 
     source = "the template's own call layout"
 
-    def __init__(self, layout: CallLayout):
+    def __init__(self, layout: CallLayout, bare: bool = False):
         self.layout = layout
+        self.bare = bare  # the call object alone, without the layout's start and end markers
         if layout.is_object:
-            start = layout.start.strip()
+            start = "" if bare else layout.start.strip()
             self.triggers = (start,) if start else ("{",)
         else:
             head = layout.head.strip()
@@ -185,7 +189,14 @@ class LayoutSyntax(CallSyntax):
         return super().find(text)
 
     def parse(self, text: str, tools: list | None, final: bool = True) -> tuple[list[ToolCall], int]:
-        return self._objects(text) if self.layout.is_object else self._split(text)
+        if self.bare and not final:
+            return [], 0  # read only once the output is complete: it must be the whole output
+        calls, used = self._objects(text) if self.layout.is_object else self._split(text)
+        if self.bare:  # the whole output, and only an object naming a tool of the request
+            names = {(t.get("function") or {}).get("name") for t in tools or []}
+            if not calls or any(c.name not in names for c in calls) or text[used:].strip():
+                return [], 0
+        return calls, used
 
     def _closing(self, text: str, pos: int, literal: str) -> int:
         """``pos`` past the layout's closing ``literal`` when it follows (whitespace-tolerant)."""
@@ -196,9 +207,11 @@ class LayoutSyntax(CallSyntax):
 
     def _objects(self, text: str) -> tuple[list[ToolCall], int]:
         lay = self.layout
-        m = re.compile(r"\s*" + _loose(lay.start.strip())).match(text) if lay.start.strip() else None
+        start = "" if self.bare else lay.start.strip()
+        m = re.compile(r"\s*" + _loose(start)).match(text) if start else None
         pos = m.end() if m else 0
-        glue = re.compile(r"\s*" + _loose(lay.glue.strip()) + r"\s*") if lay.glue and lay.glue.strip() else None
+        glue = re.compile(r"\s*" + _loose(lay.glue.strip()) + r"\s*") if lay.glue and lay.glue.strip() and not self.bare \
+            else None
         calls, used = [], 0
         while True:
             pos = len(text) - len(text[pos:].lstrip())
@@ -211,7 +224,7 @@ class LayoutSyntax(CallSyntax):
             if call is None:
                 break
             calls.append(call)
-            used = self._closing(text, pos, lay.end)
+            used = pos if self.bare else self._closing(text, pos, lay.end)
             nxt = glue.match(text, pos) if glue else None
             if nxt is None:
                 break
@@ -267,13 +280,20 @@ def call_syntax(template: str | None, tokenizer, info: TemplateInfo) -> CallSynt
             name = _infer_tool_parser(_Template())
         except Exception:  # its heuristics are not ours to trust blindly
             name = None
+    layout = info.call_layout
+    bare = LayoutSyntax(layout, bare=True) if layout is not None and layout.is_object and layout.start.strip() \
+        else None
     if name is not None:
         try:
-            return MlxLmSyntax(name, importlib.import_module(f"mlx_lm.tool_parsers.{name}"))
+            syntax = MlxLmSyntax(name, importlib.import_module(f"mlx_lm.tool_parsers.{name}"))
+            syntax.bare_fallback = bare
+            return syntax
         except ImportError:
             log.warning("mlx-lm names the tool parser %r but has no such module", name)
-    if info.call_layout is not None:
-        return LayoutSyntax(info.call_layout)
+    if layout is not None:
+        syntax = LayoutSyntax(layout)
+        syntax.bare_fallback = bare
+        return syntax
     log.warning("the chat template renders tool calls in a syntax mlx-lm has no parser for and whose arguments "
                 "are not JSON: tools are rendered, but calls in the output stay content")
     return None

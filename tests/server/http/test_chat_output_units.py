@@ -168,3 +168,15 @@ def test_the_grammar_forcing_a_call_is_written_in_the_templates_layout(tokenizer
     assert accepts(grammar, call + call)  # this template writes two calls with nothing between them
     assert not accepts(grammar, call.replace('"city"', '"town"'))
     assert not accepts(grammar, "Sure! " + call)
+
+
+def test_a_bare_call_object_as_the_whole_output_is_a_call_when_it_names_a_tool(tokenizer):
+    # small models drop the tags their template writes (Qwen2.5-Coder-0.5B answers the bare object)
+    syntax = call_syntax(HERMES, tokenizer, probe_template(tokenizer, HERMES))
+    parsing = ChatParsing(calls=syntax, tools=[WEATHER])
+    bare = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    assert read(parsing, bare)[1:3] == ("", [("get_weather", {"city": "Paris"})])
+    other = '{"name": "launch", "arguments": {}}'
+    assert read(parsing, other)[1:3] == (other, [])
+    assert read(parsing, "Sure: " + bare)[1:3] == ("Sure: " + bare, [])  # only as the whole output
+    assert read(parsing, bare + " and more")[1:3] == (bare + " and more", [])
