@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mlxcel.engine.model.fim_tokens import FimTokens
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.limits import Limits
 from mlxcel.server.http.request_params import ServerDefaults
@@ -35,6 +36,7 @@ class ServerState:
     limits: Limits = field(default_factory=Limits)
     n_params: int = 0  # counted at load time, so no MLX call happens on the event loop
     piece_chars: int = 0  # longest vocabulary piece, for prompts.least_tokens
+    fim: FimTokens | None = None  # the model's fill-in-the-middle tokens (/infill)
 
     @property
     def ready(self) -> bool:

@@ -84,6 +84,7 @@ class ServerConfig:
     max_prompt_tokens: int = 0
     max_queue: int | None = None  # None: MLXCEL_MAX_QUEUE, else 256
     cache_prompt: bool = True
+    spm_infill: bool = False  # /infill: suffix before prefix
     slot_prompt_similarity: float = 0.1
     log_disable: bool = False
     log_file: str | None = None

@@ -60,15 +60,10 @@ async def slot_action(id_slot: str):
                         "slots yet (--slot-save-path is ignored)")
 
 
-async def infill():
-    raise not_supported("Infill is not supported by mlxcel-server")
-
-
 def add_routes(router: APIRouter) -> None:
     router.add_api_route("/slots/{id_slot}", slot_action, methods=["POST"])
     for path, what in DISABLED.items():
         router.add_api_route(path, _disabled(what), methods=["POST"])
-    router.add_api_route("/infill", infill, methods=["POST"])
     for path in ("/tools", "/cors-proxy"):
         router.add_api_route(path, feature_disabled, methods=["GET", "POST"])
     for path, (methods, message) in NOT_IMPLEMENTED.items():
