@@ -356,7 +356,9 @@ FLAGS: list[Flag] = [
     F("--metrics", "supported", dest="metrics", env="LLAMA_ARG_ENDPOINT_METRICS"),
     F("--props", "supported", dest="props", note="POST /props is accepted; it changes nothing", env="LLAMA_ARG_ENDPOINT_PROPS"),
     F("--slots", "supported", negatives=("--no-slots",), dest="slots", env="LLAMA_ARG_ENDPOINT_SLOTS"),
-    F("--slot-save-path", "ignored", "PATH", note="saving/restoring slots is not supported"),
+    F("--slot-save-path", "supported", "PATH", dest="slot_save_path",
+      note="POST /slots/:id?action=save|restore|erase; the KV cache and tokens in a safetensors file (MLX's own "
+           "I/O), not upstream's binary state format"),
     F("--media-path", "ignored", "PATH", note=MEDIA),
     F("--models-dir", "refused", "PATH", note=ROUTER, env="LLAMA_ARG_MODELS_DIR"),
     F("--models-preset", "refused", "PATH", note=ROUTER, env="LLAMA_ARG_MODELS_PRESET"),

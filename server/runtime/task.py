@@ -105,6 +105,20 @@ class Failed:
     error: Exception
 
 
+class Deferred(Exception):
+    """Raised by a :class:`Job` that cannot run yet (its slot is busy): it is tried again after the
+    next engine step."""
+
+
+@dataclass
+class Job:
+    """Work that must run on the engine thread between steps (slot files, embeddings): ``run()``'s
+    value or exception is handed to ``done(value, error)``."""
+
+    run: Callable[[], Any]
+    done: Callable[[Any, BaseException | None], None]
+
+
 @dataclass
 class Task:
     prompt_tokens: list[int]

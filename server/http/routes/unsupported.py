@@ -55,13 +55,7 @@ async def feature_disabled() -> JsonResponse:
                         status_code=403)
 
 
-async def slot_action(id_slot: str):
-    raise not_supported("This server does not support slots action: mlxcel-server cannot save, restore or erase "
-                        "slots yet (--slot-save-path is ignored)")
-
-
 def add_routes(router: APIRouter) -> None:
-    router.add_api_route("/slots/{id_slot}", slot_action, methods=["POST"])
     for path, what in DISABLED.items():
         router.add_api_route(path, _disabled(what), methods=["POST"])
     for path in ("/tools", "/cors-proxy"):
