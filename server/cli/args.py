@@ -162,6 +162,8 @@ def check_surface(config: ServerConfig) -> None:
     for flag, value in (("--slot-save-path", config.slot_save_path), ("--path", config.static_path)):
         if value and not os.path.isdir(value):
             raise ArgumentError(f"{flag}: not a directory: {value}")
+    if config.pooling is not None and config.pooling not in ("none", "mean", "cls", "last", "rank"):
+        raise ArgumentError(f"--pooling: invalid value {config.pooling!r} (none, mean, cls, last or rank)")
 
 
 def usage() -> str:

@@ -19,6 +19,7 @@ from mlxcel.server.http.request_params import build_defaults
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.http.token_text import TokenText
 from mlxcel.server.runtime.config import ServerConfig
+from mlxcel.server.runtime.embedder import Embedder
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.speculation import Speculation
 from mlxcel.server.runtime.speculation_settings import resolve
@@ -57,6 +58,7 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     state.token_text = TokenText(loaded.tokenizer)
     state.piece_chars = longest_piece(loaded.tokenizer)
     state.fim = model_fim_tokens(loaded.tokenizer, loaded.vocab_size, loaded.metadata.get("token_ids"))
+    state.embedder = Embedder.load(config, loaded)
     state.n_params = int(sum(v.size for _, v in tree_flatten(loaded.model.parameters())))
     state.loaded = loaded
     settings = resolve(config)

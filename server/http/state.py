@@ -11,6 +11,7 @@ from mlxcel.server.http.limits import Limits
 from mlxcel.server.http.request_params import ServerDefaults
 from mlxcel.server.http.token_text import TokenText
 from mlxcel.server.runtime.config import ServerConfig
+from mlxcel.server.runtime.embedder import Embedder
 from mlxcel.server.runtime.metrics import Metrics
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.task import GenerationOptions
@@ -37,6 +38,7 @@ class ServerState:
     n_params: int = 0  # counted at load time, so no MLX call happens on the event loop
     piece_chars: int = 0  # longest vocabulary piece, for prompts.least_tokens
     fim: FimTokens | None = None  # the model's fill-in-the-middle tokens (/infill)
+    embedder: Embedder | None = None  # --embeddings / --reranking
 
     @property
     def ready(self) -> bool:
