@@ -30,6 +30,7 @@ from mlxcel.engine.gguf.tensors import (
     to_mlx,
 )
 from mlxcel.engine.gguf.tokenizer import build_tokenizer
+from mlxcel.engine.model.encoder_only import refuse_encoder_only
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform import device
 
@@ -55,6 +56,7 @@ def load_gguf(path: str | Path) -> LoadedModel:
 def _load(path: Path) -> LoadedModel:
     gguf_file = read_gguf(path)
     meta = gguf_file.metadata
+    refuse_encoder_only(meta.get("general.architecture"), str(path), gguf=True)
     arch, spec = architecture(meta, str(path))
     tokenizer, ids = build_tokenizer(meta, str(path))
     vocab_size = _vocab_size(gguf_file)

@@ -67,3 +67,14 @@ def test_rank_heads():
     single = gguf_rank_head({"cls.weight": mx.array(out)}, "jina-bert-v2")
     assert single.dense is None and not single.softmax
     assert single.score(mx.array(hidden)) == pytest.approx(float((out @ hidden[-1])[0]), rel=1e-5)
+
+
+def test_encoder_only_checkpoints_are_refused_clearly(tmp_path):
+    import json
+
+    from mlxcel.engine.errors import ModelLoadError
+    from mlxcel.engine.model.loading import load_model
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertModel"]}))
+    with pytest.raises(ModelLoadError, match="encoder-only"):
+        load_model(tmp_path)
