@@ -44,7 +44,7 @@ def F(names: str, state: str, metavar: str | None = None, **kw) -> Flag:
 
 BACKEND = "a llama.cpp/ggml backend setting with no MLX counterpart; MLX chooses threads, memory and kernels"
 GPU = "GPU offload/placement of llama.cpp; MLX runs the whole model on its default device"
-UI = "mlxcel-server has no web UI"
+UI = "a feature of llama-server's bundled web app; mlxcel's own chat page at / has no such setting"
 ROUTER = "router mode (several models) is not implemented; mlxcel-server serves one model"
 SPEC_BACKEND = "a llama.cpp backend setting for the draft model with no MLX counterpart"
 SPEC_GPU = "GPU placement of the draft model; MLX runs it on its default device"
@@ -323,7 +323,9 @@ FLAGS: list[Flag] = [
       env="LLAMA_ARG_HOST"),
     F("--port", "supported", "PORT", dest="port", type="int", env="LLAMA_ARG_PORT"),
     F("--reuse-port", "ignored", note="uvicorn binds one socket", env="LLAMA_ARG_REUSE_PORT"),
-    F("--path", "ignored", "PATH", note="no static files are served", env="LLAMA_ARG_STATIC_PATH"),
+    F("--path", "supported", "PATH", dest="static_path",
+      note="serve this directory's files at / (GET) instead of the built-in page; API routes come first",
+      env="LLAMA_ARG_STATIC_PATH"),
     F("--cors-origins", "supported", "ORIGINS", dest="cors_origins",
       note="default * (localhost with --tools); with --cors-credentials (default) * echoes the request's Origin, as upstream", env="LLAMA_ARG_CORS_ORIGINS"),
     F("--cors-methods", "supported", "METHODS", dest="cors_methods", env="LLAMA_ARG_CORS_METHODS"),
@@ -340,7 +342,8 @@ FLAGS: list[Flag] = [
     F("--mcp-servers-config", "ignored", "PATH", note=UI, env="LLAMA_ARG_MCP_SERVERS_CONFIG"),
     F("--mcp-servers-json", "ignored", "JSON", note=UI, env="LLAMA_ARG_MCP_SERVERS_JSON"),
     F("-ag --agent", "ignored", negatives=("-no-ag", "--no-agent"), note=UI, env="LLAMA_ARG_AGENT"),
-    F("--ui --webui", "ignored", negatives=("--no-ui", "--no-webui"), note=UI, env="LLAMA_ARG_UI"),
+    F("--ui --webui", "supported", negatives=("--no-ui", "--no-webui"), dest="ui",
+      note="the built-in chat page at / (default on; --no-ui: / is 404)", env="LLAMA_ARG_UI"),
     F("--embedding --embeddings", "supported", dest="embeddings",
       note="/embedding, /embeddings, /v1/embeddings over the loaded decoder's hidden states; completions keep "
            "working; encoder-only (BERT-family) checkpoints are refused", env="LLAMA_ARG_EMBEDDINGS"),

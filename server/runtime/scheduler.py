@@ -364,8 +364,8 @@ class Scheduler:
             result = spec.round(self.lm.model, slot.cache, run.chain, run.prompt + run.generated, run.room())
             now = time.perf_counter()
             used = 0
-            for token in result.emitted:
-                run.accept(token, now)
+            for i, token in enumerate(result.emitted):  # the accepted drafts, then the target's own token
+                run.accept(token, now, drafted=i < result.accepted)
                 used += 1
                 if run.done:
                     break

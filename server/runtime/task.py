@@ -47,6 +47,7 @@ class GenerationOptions:
     spec_n_max: int | None = None  # speculative.n_max (0: this request does not speculate)
     spec_n_min: int | None = None  # speculative.n_min
     spec_stochastic: bool | None = None  # speculative.stochastic_accept (mlxcel): overrides the environment switch
+    draft_flags: bool = False  # mlxcel_draft_flags (mlxcel): stream chunks say which tokens were accepted drafts
     speculative_types: str = "none"  # echoed as generation_settings["speculative.types"]
     # echoed in generation_settings, not otherwise used
     echo: dict[str, Any] = field(default_factory=dict)
@@ -77,6 +78,7 @@ class Partial:
     probs: list[TokenProb]
     n_predicted: int
     timings: Timings | None = None
+    drafted: list[bool] = field(default_factory=list)  # per token: an accepted draft (mlxcel_draft_flags)
 
 
 @dataclass

@@ -28,6 +28,8 @@ def native_partial(partial: Partial, index: int, n_prompt: int, opts: Generation
         body["completion_probabilities"] = probs_json(partial.probs, text, opts.post_sampling_probs)
     if partial.timings is not None:
         body["timings"] = partial.timings.to_json()
+    if opts.draft_flags:
+        body["mlxcel_draft_flags"] = list(partial.drafted)
     return body
 
 

@@ -131,6 +131,8 @@ class ChatStream(CompletionStream):
                   if self.plan.logprobs else None)
             chunks.append(self._chunk(index=index, delta={"content": partial.text}, logprobs=lp,
                                       timings=partial.timings))
+            if self.plan.options.draft_flags:
+                chunks[-1]["mlxcel_draft_flags"] = list(partial.drafted)
         return chunks
 
     def final(self, index: int, result: Result) -> list[dict]:
