@@ -170,3 +170,37 @@ def test_reranking_without_a_rank_head_is_refused(tiny_llama):
     with pytest.raises(ArgumentError, match="needs a model with a rank head"):
         Embedder.load(ServerConfig(reranking=True), tiny_llama)
     assert Embedder.load(ServerConfig(embeddings=True), tiny_llama).pooling == "none"  # the model names none
+
+
+def test_a_qwen3_reranker_directory_scores_with_its_yes_no_rows(tmp_path):
+    """A Qwen3-Reranker checkpoint (recognised by its model card) ranks with the softmax of its LM
+    head's "yes" and "no" rows over the last hidden state, on the model card's prompt."""
+    import json
+
+    import tiny_checkpoints
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3
+
+    from mlxcel.engine.model.loading import load_model
+    from mlxcel.server.runtime.config import ServerConfig
+    from mlxcel.server.runtime.embedder import Embedder
+
+    out = tmp_path / "tiny-reranker"
+    vocab = tiny_checkpoints.build_tokenizer(out, extra_special=("yes", "no"))
+    config = tiny_checkpoints.tiny_config("qwen2", vocab)
+    config.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=32, tie_word_embeddings=False)
+    mx.random.seed(7)
+    model = qwen3.Model(qwen3.ModelArgs.from_dict(config))
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (out / "config.json").write_text(json.dumps(config))
+    (out / "README.md").write_text("# Qwen3-Reranker-0.6B\n\nA tiny stand-in.\n")
+    loaded = load_model(out)
+    embedder = Embedder.load(ServerConfig(reranking=True), loaded)
+    assert "{query}" in embedder.rerank_template and "{document}" in embedder.rerank_template
+    ids = Tokenizer.from_file(str(out / "tokenizer.json")).get_vocab()
+    tokens = Tokenizer.from_file(str(out / "tokenizer.json")).encode("The capital of France is Paris.").ids
+    hidden = np.array(loaded.model.model(mx.array([tokens]))[0, -1])
+    w = np.array(loaded.model.lm_head.weight)
+    logits = np.array([w[ids["yes"]] @ hidden, w[ids["no"]] @ hidden])
+    expected = np.exp(logits[0]) / np.exp(logits).sum()
+    assert embedder.score(tokens) == pytest.approx(float(expected), rel=1e-4)

@@ -101,7 +101,7 @@ def test_save_waits_for_a_busy_slot(server):
     results = {}
 
     def long_request():
-        results["completion"] = complete(server, PROMPT + " again", 0, n=96)
+        results["completion"] = complete(server, PROMPT + " again", 0, n=400)
 
     worker = threading.Thread(target=long_request)
     worker.start()
