@@ -3,9 +3,10 @@
 rebuild it (mlx-lm's cache class names, their ``meta_state``, the tokens, a model fingerprint) as
 the file's string metadata.
 
-Written here rather than with mlx-lm's ``save_prompt_cache``: that one names the file
-``*.safetensors`` whatever it is asked (MLX appends the extension) while llama-server users pick the
-name (``slot1.bin``), and it drops ``meta_state``, which a rotating cache needs to come back exact.
+Written here rather than with mlx-lm's ``save_prompt_cache`` / ``load_prompt_cache``: those name
+and read the file ``*.safetensors`` whatever they are given (MLX picks the format by extension)
+while llama-server users choose the name (``slot1.bin``); this one also keeps each layer's
+``meta_state`` where the cache class has one, and checks the layout against the model's own.
 Only per-position caches are written (``KVCache``, ``RotatingKVCache``, ``QuantizedKVCache``);
 recurrent state and nested cache lists are refused.
 """
@@ -102,6 +103,8 @@ def load_cache_file(path: str | Path, fingerprint: str, fresh: list[Any]) -> tup
         scalars = json.loads(metadata["scalars"])
     except (KeyError, ValueError, TypeError) as exc:
         raise CacheFileError(f"{path.name} has malformed metadata: {exc}") from None
+    if not classes and not tokens:  # an empty slot was saved
+        return list(fresh), [], path.stat().st_size
     if classes != [type(c).__name__ for c in fresh] or not len(metas) == len(filled) == len(classes):
         raise CacheFileError(f"{path.name} holds a cache of another layout than this model's")
     by_layer: dict[int, list[tuple[str, object]]] = {}

@@ -84,6 +84,14 @@ def test_valid_names():
         assert valid_filename(name), name
 
 
+def test_an_empty_slot_saves_and_restores_empty(server):
+    assert action(server, 1, "erase").status_code == 200
+    saved = action(server, 1, "save", {"filename": "empty.bin"}).json()
+    assert saved["n_saved"] == 0 and saved["n_written"] > 0
+    restored = action(server, 0, "restore", {"filename": "empty.bin"})
+    assert restored.status_code == 200 and restored.json()["n_restored"] == 0, restored.text
+
+
 def test_bad_requests(server):
     assert action(server, 0, "restore", {"filename": "missing.bin"}).json()["error"]["message"].startswith(
         "Unable to restore slot: ")
