@@ -37,10 +37,10 @@ def props(state) -> dict:
         "endpoint_slots": state.config.slots,
         "endpoint_props": state.config.props,
         "endpoint_metrics": state.config.metrics,
-        "ui": False,
+        "ui": bool(state.config.ui),
         "ui_settings": {},
         "chat_template": state.template or "",
-        "chat_template_caps": {
+        "chat_template_caps": dict(state.template_info.caps) or {
             "supports_object_arguments": False, "supports_parallel_tool_calls": False,
             "supports_preserve_reasoning": False, "supports_reasoning_effort": False,
             "supports_string_content": True, "supports_system_role": True, "supports_tool_calls": False,

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mlxcel.engine.model.fim_tokens import FimTokens
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.limits import Limits
 from mlxcel.server.http.request_params import ServerDefaults
+from mlxcel.server.http.template_caps import TemplateInfo, ThinkMarkers
 from mlxcel.server.http.token_text import TokenText
+from mlxcel.server.http.tool_calls import CallSyntax
 from mlxcel.server.runtime.config import ServerConfig
+from mlxcel.server.runtime.embedder import Embedder
 from mlxcel.server.runtime.metrics import Metrics
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.task import GenerationOptions
@@ -28,6 +32,9 @@ class ServerState:
     jinja: bool = True  # --no-jinja: render with upstream's built-in format legacy_format
     legacy_format: str | None = None
     template_kwargs: dict = field(default_factory=dict)
+    template_info: TemplateInfo = field(default_factory=TemplateInfo)  # what the template can do (probed)
+    think: ThinkMarkers | None = None  # the thinking tags (template's, else the vocabulary's)
+    call_syntax: CallSyntax | None = None  # how tool calls are read back (None: not at all)
     token_text: TokenText | None = None
     metrics: Metrics = field(default_factory=Metrics)
     load_error: str | None = None
@@ -35,6 +42,8 @@ class ServerState:
     limits: Limits = field(default_factory=Limits)
     n_params: int = 0  # counted at load time, so no MLX call happens on the event loop
     piece_chars: int = 0  # longest vocabulary piece, for prompts.least_tokens
+    fim: FimTokens | None = None  # the model's fill-in-the-middle tokens (/infill)
+    embedder: Embedder | None = None  # --embeddings / --reranking
 
     @property
     def ready(self) -> bool:

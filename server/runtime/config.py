@@ -74,6 +74,9 @@ class ServerConfig:
     gcp_health_route: str | None = None  # AIP_HEALTH_ROUTE: /health served there too
     reasoning: str | None = None  # on | off | auto (normalized by the CLI): enable_thinking for the template
     reasoning_effort: str | None = None  # the template's reasoning_effort ("default": unset)
+    reasoning_format: str = "auto"  # none | auto | deepseek | deepseek-legacy: whether thinking is split out
+    reasoning_budget: int = -1  # thinking tokens before the end tag is forced (-1: no limit)
+    reasoning_budget_message: str | None = None  # forced before the end tag when the budget is spent
     timeout: int = 3600
     cors_origins: str | None = None  # unset: "*", or "localhost" when --tools is given (as upstream)
     tools: str | None = None
@@ -84,6 +87,14 @@ class ServerConfig:
     max_prompt_tokens: int = 0
     max_queue: int | None = None  # None: MLXCEL_MAX_QUEUE, else 256
     cache_prompt: bool = True
+    spm_infill: bool = False  # /infill: suffix before prefix
+    slot_save_path: str | None = None  # --slot-save-path: where POST /slots/:id saves and restores
+    static_path: str | None = None  # --path: serve this directory's files at / instead of the web page
+    ui: bool = True  # --ui / --no-ui: the web page at /
+    embeddings: bool = False  # --embeddings: the embedding routes
+    reranking: bool = False  # --reranking: the rerank routes (rank pooling)
+    pooling: str | None = None  # --pooling; None: the model's own
+    embd_normalize: int = 2  # --embd-normalize: the default of a request's embd_normalize
     slot_prompt_similarity: float = 0.1
     log_disable: bool = False
     log_file: str | None = None

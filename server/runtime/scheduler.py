@@ -34,7 +34,8 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
 from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
@@ -50,9 +51,10 @@ from mlxcel.server.runtime.kv_pool import KvPool, exceeded
 from mlxcel.server.runtime.metrics import Metrics
 from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
 from mlxcel.server.runtime.speculation import DECLINED_CACHE, Speculation
-from mlxcel.server.runtime.task import Failed, Final, GenerationOptions, Task
+from mlxcel.server.runtime.task import Deferred, Failed, Final, GenerationOptions, Job, Task
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Scheduler:
@@ -80,8 +82,9 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self.eos_ids = set(loaded.eos_token_ids)
         self.vocab_size = loaded.vocab_size
-        self._inbox: queue.Queue[Task | None] = queue.Queue()
+        self._inbox: queue.Queue[Task | Job | None] = queue.Queue()
         self._pending: deque[Task] = deque()
+        self._jobs: deque[Job] = deque()
         self._batch = DecodeBatch(loaded.model)
         self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
         self.faults = FaultPlan.from_env()
@@ -139,6 +142,25 @@ class Scheduler:
         self.submit(task)
         return TaskHandle(task, events)
 
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the engine thread between two steps and return what it returns (or raise
+        what it raises). ``fn`` may raise ``task.Deferred`` to be run again after the next step."""
+        if self._stopping or self._draining:
+            raise shutting_down()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def settle(value: Any, error: BaseException | None) -> None:
+            if future.done():  # the caller went away
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        self._inbox.put(Job(fn, lambda value, error: loop.call_soon_threadsafe(settle, value, error)))
+        return await future
+
     # -- engine thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -152,11 +174,12 @@ class Scheduler:
                         self._fail(slot, exc)
 
     def _has_work(self) -> bool:
-        return bool(self._pending) or any(s.busy for s in self.slots)
+        return bool(self._pending) or bool(self._jobs) or any(s.busy for s in self.slots)
 
     def _iteration(self) -> None:
         self._drain(block=not self._has_work())
         self._drop_ended()
+        self._run_jobs()
         self._assign()
         self._prefill()
         self._decode()
@@ -167,12 +190,33 @@ class Scheduler:
         except queue.Empty:
             return
         while True:
-            if task is not None:
+            if isinstance(task, Job):
+                self._jobs.append(task)
+            elif task is not None:
                 self._pending.append(task)
             try:
                 task = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_jobs(self) -> None:
+        """Run the queued jobs; one that is deferred waits for the next iteration."""
+        waiting: deque[Job] = deque()
+        while self._jobs:
+            job = self._jobs.popleft()
+            if self._draining:
+                job.done(None, shutting_down())
+                continue
+            try:
+                value = job.run()
+            except Deferred:
+                waiting.append(job)
+                continue
+            except Exception as exc:
+                job.done(None, exc)
+                continue
+            job.done(value, None)
+        self._jobs = waiting
 
     def _ending(self, task: Task, now: float) -> ApiError | None:
         """Why a live task must end now: the server is shutting down, or it passed --timeout."""
@@ -243,7 +287,7 @@ class Scheduler:
             layers = self.speculation.feature_layers
         if layers is not None:
             # a model drafter reads the features of every cached token: reuse only what the slot has them of
-            reuse = min(reuse, slot.features.length if slot.features is not None else 0)
+            reuse = min(reuse, slot.reusable_features())
         if slot.cache is None or not can_rewind(slot.cache, len(slot.tokens) - reuse):
             slot.cache, slot.tokens, reuse = self.lm.make_cache(), [], 0
         else:
@@ -258,7 +302,7 @@ class Scheduler:
         slot.run.wants_spec = wants_spec
         if layers is not None:
             slot.run.features = [slot.features.rows(0, reuse)] if reuse else []
-        slot.features = None
+        slot.keep_features(None)
         if self.faults is not None:
             slot.run.fault = self.faults.stage_for(self.lm.tokenizer.decode(prompt))
         slot.last_used = time.perf_counter()
@@ -348,11 +392,12 @@ class Scheduler:
         """One verify round for a speculating row, on its own cache."""
         run, spec = slot.run, slot.run.spec
         try:
-            result = spec.round(self.lm.model, slot.cache, run.chain, run.prompt + run.generated, run.room())
+            result = spec.round(self.lm.model, slot.cache, run.round_chain(), run.prompt + run.generated,
+                                run.round_room())
             now = time.perf_counter()
             used = 0
-            for token in result.emitted:
-                run.accept(token, now)
+            for i, token in enumerate(result.emitted):  # the accepted drafts, then the target's own token
+                run.accept(token, now, drafted=i < result.accepted)
                 used += 1
                 if run.done:
                     break
@@ -449,11 +494,7 @@ class Scheduler:
                 rewind(slot.cache, extra)
             elif extra != 0:
                 slot.cache, slot.tokens = None, []
-        slot.features = None
-        if run.features and slot.cache is not None:
-            features = TargetFeatures.join(run.features)
-            n = min(features.length, len(slot.tokens))
-            slot.features = features.rows(0, n) if n else None
+        slot.keep_features(TargetFeatures.join(run.features) if run.features and slot.cache is not None else None)
         slot.run = None
         slot.last_used = time.perf_counter()
         if send:

@@ -22,6 +22,7 @@ from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.engine.speculative.target_features import TargetFeatures
 from mlxcel.server.runtime.detokenizer import IncrementalDetokenizer
 from mlxcel.server.runtime.errors import ApiError
+from mlxcel.server.runtime.reasoning_budget import ReasoningBudget, forcing_params
 from mlxcel.server.runtime.stop_strings import find_stop, partial_stop_length
 from mlxcel.server.runtime.task import Failed, Final, Partial, Progress, Result, Task, TokenProb
 from mlxcel.server.runtime.timings import Timings
@@ -47,9 +48,23 @@ class Slot:
     n_ctx: int
     cache: list[Any] | None = None  # single-sequence cache, when not in the decode batch
     tokens: list[int] = field(default_factory=list)  # tokens whose KV the slot's cache holds
-    # a model-based drafter's features of tokens[:features.length] (what the next request's drafter
+    # a model-based drafter's features of the tokens ``features_of`` (what the next request's drafter
     # needs of a reused prefix; kept only on a server with such a drafter)
     features: TargetFeatures | None = None
+    features_of: list[int] = field(default_factory=list)
+
+    def keep_features(self, features: TargetFeatures | None) -> None:
+        """Keep ``features`` of the first tokens of ``tokens`` (as many as it has rows)."""
+        n = min(features.length, len(self.tokens)) if features is not None else 0
+        self.features = features.rows(0, n) if n else None
+        self.features_of = list(self.tokens[:n])
+
+    def reusable_features(self) -> int:
+        """How many leading cached tokens the kept features are of (0 once ``tokens`` changed under them,
+        e.g. a slot restored from a file)."""
+        if self.features is None or self.tokens[:len(self.features_of)] != self.features_of:
+            return 0
+        return len(self.features_of)
     run: SlotRun | None = None
     last_used: float = 0.0
     last_task: dict = field(default_factory=dict)  # what /slots shows about the last request
@@ -97,6 +112,7 @@ class SlotRun:
         self.text = ""
         self.sent = 0  # characters of ``text`` already streamed
         self.pending_tokens: list[int] = []
+        self.pending_drafted: list[bool] = []  # per pending token: an accepted draft (not target-sampled)
         self.pending_probs: list[TokenProb] = []
         self.probs: list[TokenProb] = []
         self.stop_type = "none"
@@ -119,6 +135,8 @@ class SlotRun:
         self.fault: str | None = None  # faults.FaultPlan stage armed for this request (tests only)
         stops = self.opts.stop
         self.max_stop = max((len(s) for s in stops), default=0)
+        spec = self.opts.reasoning_budget
+        self.budget = ReasoningBudget(spec, complete=self._whole_character) if spec is not None else None
 
     # -- prompt ---------------------------------------------------------------------------------
 
@@ -187,11 +205,34 @@ class SlotRun:
         self.truncated = True
         return self.head
 
+    def _whole_character(self, token: int) -> bool:
+        return not self.tokenizer.decode([token]).endswith("\ufffd")
+
+    def round_chain(self) -> SamplerChain:
+        """The sampler chain of the next verify round: the request's, or one that can only pick
+        the token the reasoning budget forces (``reasoning_budget``)."""
+        forced = self.budget.forced if self.budget is not None else None
+        if forced is None:
+            return self.chain
+        return SamplerChain(forcing_params(forced), vocab_size=self.chain.vocab_size,
+                            eos_token_ids=self.chain.eos_token_ids)
+
+    def round_room(self) -> int:
+        """How many tokens the next verify round may emit: ``room()``, and no further than a point
+        where the reasoning budget may start forcing its end tag."""
+        room = self.room()
+        return room if self.budget is None else min(room, self.budget.round_limit())
+
     def sample(self, logits: mx.array) -> int:
-        """Choose the next token from ``logits[V]`` (the row for this request)."""
+        """Choose the next token from ``logits[V]`` (the row for this request); while the reasoning
+        budget forces its end tag, the forced token."""
         history = self.prompt + self.generated
         row = logits[None]
-        token = self.chain.select(row, history, seed=self.seed, first_position=len(history))[0]
+        forced = self.budget.forced if self.budget is not None else None
+        if forced is not None:
+            token = forced
+        else:
+            token = self.chain.select(row, history, seed=self.seed, first_position=len(history))[0]
         if self.opts.n_probs > 0:
             prob = self._token_probs(row, history, token)
             self.probs.append(prob)
@@ -206,14 +247,17 @@ class SlotRun:
                                           history=history, seed=self.seed, first_position=len(history))
         return TokenProb(id=token, value=probs.prob, top=probs.top)
 
-    def accept(self, token: int, now: float) -> None:
+    def accept(self, token: int, now: float, drafted: bool = False) -> None:
         """Record a sampled token: update text, check EOS / stop strings / limits, stream what is
-        safe to stream."""
+        safe to stream. ``drafted``: the token is an accepted draft of a verify round."""
         if not self.generated:
             self.t_prefill_end = now
         self.t_last = now
         self.generated.append(token)
         self.pending_tokens.append(token)
+        self.pending_drafted.append(drafted)
+        if self.budget is not None:
+            self.budget.accept(token)
         if token in self.eos_ids and not self.opts.sampler.ignore_eos:
             self.stop_type = "eos"
             self.done = True
@@ -270,9 +314,11 @@ class SlotRun:
         text = self.text[self.sent:end]
         self.sent = end
         self.task.sink(Partial(text=text, tokens=self.pending_tokens, probs=self.pending_probs,
+                               drafted=self.pending_drafted,
                                n_predicted=len(self.generated),
                                timings=self.timings() if self.opts.timings_per_token else None))
         self.pending_tokens = []
+        self.pending_drafted = []
         self.pending_probs = []
 
     def fail(self, error: ApiError) -> None:
