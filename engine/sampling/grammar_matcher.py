@@ -146,14 +146,12 @@ def fill_masks(items: Sequence[tuple[GrammarMatcher, Sequence[int]]]) -> list[np
     return list(np.split(out, np.cumsum(counts)[:-1]))
 
 
-_BITS = mx.arange(32, dtype=mx.uint32)
-
-
 def allowed_rows(masks: np.ndarray, vocab_size: int) -> mx.array:
     """Packed mask rows ``[N, W]`` as booleans ``[N, vocab_size]`` (token ids past the mask are
     not allowed)."""
     words = mx.array(np.ascontiguousarray(masks).view(np.uint32))
-    bits = ((words[:, :, None] >> _BITS) & 1).reshape(words.shape[0], -1)
+    shifts = mx.arange(32, dtype=mx.uint32)  # made here: MLX arrays belong to the thread's stream
+    bits = ((words[:, :, None] >> shifts) & 1).reshape(words.shape[0], -1)
     if bits.shape[1] < vocab_size:
         bits = mx.concatenate([bits, mx.zeros((bits.shape[0], vocab_size - bits.shape[1]), dtype=bits.dtype)], axis=1)
     return bits[:, :vocab_size].astype(mx.bool_)

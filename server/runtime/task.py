@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxcel.engine.sampling.grammar import Grammar
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.server.runtime.timings import Timings
 
@@ -48,6 +49,7 @@ class GenerationOptions:
     spec_n_min: int | None = None  # speculative.n_min
     spec_stochastic: bool | None = None  # speculative.stochastic_accept (mlxcel): overrides the environment switch
     speculative_types: str = "none"  # echoed as generation_settings["speculative.types"]
+    grammar: Grammar | None = None  # the output's constraint (grammar / json_schema / response_format / -j)
     # echoed in generation_settings, not otherwise used
     echo: dict[str, Any] = field(default_factory=dict)
 
