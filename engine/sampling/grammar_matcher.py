@@ -12,8 +12,10 @@ sequence, as the KV cache is.
 
 Masks are bit-packed rows, one bit per token id (32 per ``int32`` word, lowest bit first), as
 llguidance writes them; :func:`allowed_rows` unpacks them into the ``[N, V]`` booleans the sampler
-chain applies. :func:`fill_masks` computes many matchers' masks in one call on llguidance's thread
-pool (the server's batched decode step: every constrained row at once, while the forward runs).
+chain applies. :func:`fill_masks` computes many matchers' masks in one call (the server's batched
+decode step: every constrained row at once, while the forward runs), with the GIL released: spread
+over llguidance's thread pool where the host has cores to spare (a GPU forward), one after another
+on the calling thread where the forward keeps every core busy (a CPU; ``device.grammar_mask_threads``).
 
 The grammar tokenizer is built once per model tokenizer (``llguidance.hf.from_tokenizer`` over the
 ``tokenizers``-library fast tokenizer that mlx-lm's wrapper holds; about 0.3 s for a 49k vocabulary)
@@ -31,6 +33,7 @@ import llguidance
 import mlx.core as mx
 import numpy as np
 
+from mlxcel.engine.platform.device import grammar_mask_threads
 from mlxcel.engine.sampling.grammar import Grammar, GrammarError
 
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -64,7 +67,7 @@ def _executor() -> llguidance.LLExecutor:
     global _EXECUTOR
     with _LOCK:
         if _EXECUTOR is None:
-            _EXECUTOR = llguidance.LLExecutor()
+            _EXECUTOR = llguidance.LLExecutor(num_threads=grammar_mask_threads())
         return _EXECUTOR
 
 
@@ -120,13 +123,24 @@ class GrammarMatcher:
 
 def fill_masks(items: Sequence[tuple[GrammarMatcher, Sequence[int]]]) -> list[np.ndarray]:
     """The masks of several matchers in one call: for each ``(matcher, drafts)`` the rows
-    ``matcher.masks(drafts)`` gives. Computed on llguidance's thread pool with the GIL released, so
-    a caller can run it while MLX evaluates a forward."""
+    ``matcher.masks(drafts)`` gives. Computed with the GIL released (on llguidance's pool when
+    ``device.grammar_mask_threads`` allows more than one thread), so a caller can run it while MLX
+    evaluates a forward."""
     if not items:
         return []
     width = items[0][0].width
     counts = [len(drafts) + 1 for _, drafts in items]
     out = np.zeros((sum(counts), width), dtype=np.int32)
+    if len(items) == 1 or grammar_mask_threads() == 1:
+        # on this thread, one matcher after another (each call still releases the GIL): no hand-off
+        # to pool threads (see device.grammar_mask_threads)
+        parts = np.split(out, np.cumsum(counts)[:-1])
+        for (matcher, drafts), rows in zip(items, parts):
+            if matcher.width != width:
+                raise ValueError("fill_masks: matchers of different vocabularies")
+            _fill_one(matcher, [int(t) for t in drafts], rows)
+            matcher._check()
+        return parts
     plain, drafted, row = [], [], 0
     for (matcher, drafts), n in zip(items, counts):
         if matcher.width != width:
@@ -146,15 +160,24 @@ def fill_masks(items: Sequence[tuple[GrammarMatcher, Sequence[int]]]) -> list[np
     return list(np.split(out, np.cumsum(counts)[:-1]))
 
 
+def _fill_one(matcher: GrammarMatcher, drafts: list[int], out: np.ndarray) -> None:
+    """One matcher's rows: the mask, then each draft consumed and the next mask, then back."""
+    m, row_bytes = matcher._m, matcher.width * 4
+    for i in range(len(drafts) + 1):
+        m.unsafe_compute_mask_ptr(out[i].ctypes.data, row_bytes)
+        if i < len(drafts) and not m.consume_token(drafts[i]):
+            raise GrammarError(f"draft {i} is outside the grammar: {m.get_error()}")
+    if drafts and not m.rollback(len(drafts)):
+        raise GrammarError(f"cannot roll the grammar back over {len(drafts)} drafts: {m.get_error()}")
+
+
 def allowed_rows(masks: np.ndarray, vocab_size: int) -> mx.array:
     """Packed mask rows ``[N, W]`` as booleans ``[N, vocab_size]`` (token ids past the mask are
-    not allowed)."""
-    words = mx.array(np.ascontiguousarray(masks).view(np.uint32))
-    shifts = mx.arange(32, dtype=mx.uint32)  # made here: MLX arrays belong to the thread's stream
-    bits = ((words[:, :, None] >> shifts) & 1).reshape(words.shape[0], -1)
+    not allowed). Unpacked on the host (a few microseconds a row) and handed to MLX once."""
+    bits = np.unpackbits(np.ascontiguousarray(masks).view(np.uint8), axis=1, bitorder="little")
     if bits.shape[1] < vocab_size:
-        bits = mx.concatenate([bits, mx.zeros((bits.shape[0], vocab_size - bits.shape[1]), dtype=bits.dtype)], axis=1)
-    return bits[:, :vocab_size].astype(mx.bool_)
+        bits = np.pad(bits, ((0, 0), (0, vocab_size - bits.shape[1])))
+    return mx.array(bits[:, :vocab_size].view(np.bool_))
 
 
 def new_matcher(grammar: Grammar, tokenizer: Any, vocab_size: int, eos_token_ids: Iterable[int]) -> GrammarMatcher:
