@@ -45,8 +45,8 @@ def request_grammar(req: SamplingFields, *, chat: bool = False, jinja: bool = Tr
             raise invalid("Cannot use both json_schema and grammar")
         if tools_called and req.grammar is not None:
             raise invalid("Cannot use custom grammar constraints with tools.")
-    elif grammar_text and req.response_format is None:
-        schema = None  # the native parameters: a grammar wins over json_schema
+    elif req.grammar is not None and req.response_format is None:
+        schema = None  # the native parameters: a grammar field wins over json_schema (an empty one: no grammar)
     if schema is not None:
         prefix = (BAD_SCHEMA_CHAT if jinja else BAD_SCHEMA_LEGACY) if chat else BAD_SCHEMA_FIELD
         return schema_grammar(schema, strict=strict, prefix=prefix)
