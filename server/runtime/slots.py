@@ -22,6 +22,7 @@ from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.server.runtime.detokenizer import IncrementalDetokenizer
 from mlxcel.server.runtime.errors import ApiError
+from mlxcel.server.runtime.reasoning_budget import ReasoningBudget, forcing_params
 from mlxcel.server.runtime.stop_strings import find_stop, partial_stop_length
 from mlxcel.server.runtime.task import Failed, Final, Partial, Progress, Result, Task, TokenProb
 from mlxcel.server.runtime.timings import Timings
@@ -116,6 +117,8 @@ class SlotRun:
         self.fault: str | None = None  # faults.FaultPlan stage armed for this request (tests only)
         stops = self.opts.stop
         self.max_stop = max((len(s) for s in stops), default=0)
+        spec = self.opts.reasoning_budget
+        self.budget = ReasoningBudget(spec, complete=self._whole_character) if spec is not None else None
 
     # -- prompt ---------------------------------------------------------------------------------
 
@@ -184,14 +187,37 @@ class SlotRun:
         self.truncated = True
         return self.head
 
+    def _whole_character(self, token: int) -> bool:
+        return not self.tokenizer.decode([token]).endswith("\ufffd")
+
+    def round_chain(self) -> SamplerChain:
+        """The sampler chain of the next verify round: the request's, or one that can only pick
+        the token the reasoning budget forces (``reasoning_budget``)."""
+        forced = self.budget.forced if self.budget is not None else None
+        if forced is None:
+            return self.chain
+        return SamplerChain(forcing_params(forced), vocab_size=self.chain.vocab_size,
+                            eos_token_ids=self.chain.eos_token_ids)
+
+    def round_room(self) -> int:
+        """How many tokens the next verify round may emit: ``room()``, and no further than a point
+        where the reasoning budget may start forcing its end tag."""
+        room = self.room()
+        return room if self.budget is None else min(room, self.budget.round_limit())
+
     def sample(self, logits: mx.array, allowed: mx.array | None = None) -> int:
-        """Choose the next token from ``logits[V]`` (the row for this request). A constrained
-        request's mask ``allowed`` (``[1, V]``) is computed here unless the caller has it."""
+        """Choose the next token from ``logits[V]`` (the row for this request); while the reasoning
+        budget forces its end tag, the forced token. A constrained request's mask ``allowed``
+        (``[1, V]``) is computed here unless the caller has it."""
         history = self.prompt + self.generated
         row = logits[None]
-        if allowed is None and self.grammar is not None:
-            allowed = allowed_rows(self.grammar.masks(), row.shape[-1])
-        token = self.chain.select(row, history, seed=self.seed, first_position=len(history), allowed=allowed)[0]
+        forced = self.budget.forced if self.budget is not None else None
+        if forced is not None:
+            token = forced
+        else:
+            if allowed is None and self.grammar is not None:
+                allowed = allowed_rows(self.grammar.masks(), row.shape[-1])
+            token = self.chain.select(row, history, seed=self.seed, first_position=len(history), allowed=allowed)[0]
         if self.opts.n_probs > 0:
             prob = self._token_probs(row, history, token, allowed)
             self.probs.append(prob)
@@ -217,6 +243,8 @@ class SlotRun:
         self.pending_tokens.append(token)
         if self.grammar is not None:
             self.grammar.advance([token])
+        if self.budget is not None:
+            self.budget.accept(token)
         if token in self.eos_ids and not self.opts.sampler.ignore_eos:
             self.stop_type = "eos"
             self.done = True

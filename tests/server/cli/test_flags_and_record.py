@@ -23,8 +23,9 @@ _FILES = Path(tempfile.mkdtemp(prefix="mlxcel-flags-"))
 (_FILES / "g.gbnf").write_text('root ::= "x"')
 (_FILES / "s.json").write_text('{"type": "object"}')
 # flags whose value must be well formed to parse (a grammar is compiled by the command line)
-VALUES = {"reasoning": "on", "chat_template_kwargs": "{}", "grammar": 'root ::= "x"', "json_schema": '{"type": "object"}',
-          "grammar_file": str(_FILES / "g.gbnf"), "json_schema_file": str(_FILES / "s.json")}
+VALUES = {"reasoning": "on", "chat_template_kwargs": "{}", "reasoning_format": "deepseek", "grammar": 'root ::= "x"',
+          "json_schema": '{"type": "object"}', "grammar_file": str(_FILES / "g.gbnf"),
+          "json_schema_file": str(_FILES / "s.json")}
 
 
 def upstream_flag_names() -> set[str]:
