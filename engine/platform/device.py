@@ -1,12 +1,12 @@
 """Every device-dependent choice lives here: which dtype weights run in, and which BLAS the
 CPU build uses.
 
-Measured on an x86-64 CPU with MLX's Linux wheel (SmolLM2-135M): quantized, f16 and bf16 weights
-all decode slower than f32, and MLX's bundled reference BLAS makes f32 prefill ~20x slower than
-OpenBLAS. So on the CPU we dequantize to float32 and preload OpenBLAS, with the one-row matmul
-shim ahead of it (``blas_shim.py``: decode-step matmuls as sgemv, 1.4x per step here); on Metal
-and CUDA the weights stay as shipped (quantized kernels are the fast path there) and nothing is
-preloaded.
+On a CPU, quantized weights (GGUF blocks, MLX affine 4/8-bit) stay packed and run on mlxcel's own
+kernels (``qmatmul.py``) when they are built; float weights, and everything when they are not,
+run in float32 with OpenBLAS preloaded and the one-row matmul shim ahead of it (``blas_shim.py``).
+MLX's own CPU quantized, f16 and bf16 matmuls all decode slower than f32 there, and its bundled
+reference BLAS makes f32 prefill ~20x slower than OpenBLAS. On Metal and CUDA the weights stay as
+shipped (MLX's quantized kernels are the fast path there) and nothing is preloaded.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.blas_shim import shim_library
 from mlxcel.engine.platform.compiled_rope import compile_decode_rope
 
@@ -56,6 +57,16 @@ def keep_quantized_weights() -> bool:
     if forced in ("float32", "f32", "dequantize"):
         return False
     return on_gpu()
+
+
+def cpu_kernels() -> bool:
+    """Whether quantized weights stay packed in their own blocks and run on mlxcel's CPU kernels
+    (``qmatmul.py``): on a CPU where the extension is built, unless ``MLXCEL_WEIGHTS`` asks for
+    ``float32`` or for MLX's own ``quantized`` modules. Never on Metal or CUDA."""
+    if on_gpu() or os.environ.get("MLXCEL_WEIGHTS", "").lower() in (
+            "quantized", "q", "keep", "float32", "f32", "dequantize"):
+        return False
+    return qmatmul.available()
 
 
 def compute_dtype() -> mx.Dtype:
@@ -120,6 +131,16 @@ def set_blas_threads(n: int) -> bool:
         return False
     ctypes.CDLL(lib).openblas_set_num_threads(int(n))
     return True
+
+
+def set_cpu_threads(n: int) -> list[str]:
+    """``-t N``: the threads of OpenBLAS and of the quantized-matmul kernels; what was set."""
+    done = []
+    if set_blas_threads(n):
+        done.append("OpenBLAS")
+    if qmatmul.set_threads(n):
+        done.append("quantized kernels")
+    return done
 
 
 def reexec_with_fast_blas() -> None:
