@@ -22,6 +22,8 @@
 #include <immintrin.h>
 #define MLXCEL_PAUSE() _mm_pause()
 #elif defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
 #define MLXCEL_PAUSE() asm volatile("yield")
 #else
 #define MLXCEL_PAUSE()
@@ -128,7 +130,7 @@ bool has(const char* name) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
 #if defined(__aarch64__)
-  if (!std::strcmp(name, "neon")) return true;
+  if (!std::strcmp(name, "neon")) return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;  // sdot
 #endif
   return !std::strcmp(name, "scalar");
 }
