@@ -73,7 +73,7 @@ class Pool {
 
  private:
   void loop(int index) {
-    uint64_t seen = gen_.load();
+    uint64_t seen = 0;  // the generation at construction: a job posted before this thread ran is not missed
     while (true) {
       auto start = std::chrono::steady_clock::now();
       int spins = 0;
