@@ -29,13 +29,14 @@ int main() {
     std::vector<uint8_t> packed(packed_bytes(l, n, k));
     repack_gguf(t.type, raw.data(), n, k, packed.data());
     for (int m : {1, 3, 8, 11}) {
-      std::vector<int8_t> q(m * k); std::vector<float> d(m * k / 32); std::vector<int32_t> s(m * k / 32 * 2);
+      std::vector<int8_t> q(m * k); std::vector<float> d(m * k / 32); std::vector<int32_t> s(m * k / 32 * 2); std::vector<float> ds(m * k / 32 * 3);
       for (int i = 0; i < m * k / 32; ++i) {
         d[i] = 0.01f * (1 + i % 7); int lo = 0, hi = 0;
         for (int j = 0; j < 32; ++j) { int v = int(rng() % 255) - 127; q[i * 32 + j] = int8_t(v); (j < 16 ? lo : hi) += v; }
         s[2 * i] = lo; s[2 * i + 1] = hi;
+        ds[3 * i] = d[i] * float(lo); ds[3 * i + 1] = d[i] * float(hi); ds[3 * i + 2] = d[i] * float(lo + hi);
       }
-      XQuant x{q.data(), d.data(), s.data(), k};
+      XQuant x{q.data(), d.data(), s.data(), ds.data(), k};
       std::vector<float> a(m * n), b(m * n);
       scalar::matmul(l, packed.data(), n, k, x, m, a.data(), 0, n_tiles(n));
       neon::matmul(l, packed.data(), n, k, x, m, b.data(), 0, n_tiles(n));

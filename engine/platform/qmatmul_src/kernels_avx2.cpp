@@ -4,6 +4,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "unit.h"
@@ -66,6 +67,7 @@ struct V {
   static inline vf mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
   static inline vf neg(vf a) { return _mm256_sub_ps(_mm256_setzero_ps(), a); }
   static inline vf set1(float v) { return _mm256_set1_ps(v); }
+  static inline vf bcastf(const float* p) { return _mm256_broadcast_ss(p); }
   static inline vf fma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
   static inline void storef(float* p, vf v) { _mm256_storeu_ps(p, v); }
 };

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "unit.h"
@@ -13,7 +14,7 @@ struct V {
   using vi = __m512i;
   using vf = __m512;
   static constexpr int L = 16;
-  static constexpr int MAXR = 8;
+  static constexpr int MAXR = 4;
   static inline vf zero() { return _mm512_setzero_ps(); }
   static inline vi izero() { return _mm512_setzero_si512(); }
   static inline vi load(const uint8_t* p) { return _mm512_loadu_si512(p); }
@@ -53,11 +54,12 @@ struct V {
   static inline vf mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
   static inline vf neg(vf a) { return _mm512_sub_ps(_mm512_setzero_ps(), a); }
   static inline vf set1(float v) { return _mm512_set1_ps(v); }
+  static inline vf bcastf(const float* p) { return _mm512_set1_ps(*p); }
   static inline vf fma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
   static inline void storef(float* p, vf v) { _mm512_storeu_ps(p, v); }
 };
 
-#define MAXR_8 1
+#define MAXR_8 0
 #include "kernel_body.h"
 
 }  // namespace mlxcel_q::avx512

@@ -4,6 +4,7 @@
 #include <arm_neon.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "unit.h"
@@ -67,6 +68,7 @@ struct V {
   static inline vf mul(vf a, vf b) { return vmulq_f32(a, b); }
   static inline vf neg(vf a) { return vsubq_f32(vdupq_n_f32(0.f), a); }
   static inline vf set1(float v) { return vdupq_n_f32(v); }
+  static inline vf bcastf(const float* p) { return vld1q_dup_f32(p); }
   static inline vf fma(vf a, vf b, vf c) { return vfmaq_f32(c, a, b); }
   static inline void storef(float* p, vf v) { vst1q_f32(p, v); }
 };

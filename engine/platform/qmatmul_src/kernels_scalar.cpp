@@ -1,6 +1,7 @@
 // Portable kernel (any CPU; the fallback where no vector ISA below is present): the same body as
 // the vector kernels over plain arrays of 16 lanes, with the same integer arithmetic.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "unit.h"
@@ -52,6 +53,7 @@ struct V {
   static inline vf mul(vf a, vf b) { for (int c = 0; c < 16; ++c) a.f[c] *= b.f[c]; return a; }
   static inline vf neg(vf a) { for (int c = 0; c < 16; ++c) a.f[c] = 0.f - a.f[c]; return a; }
   static inline vf set1(float v) { vf r; for (float& x : r.f) x = v; return r; }
+  static inline vf bcastf(const float* p) { return set1(*p); }
   static inline vf fma(vf a, vf b, vf c) { for (int i = 0; i < 16; ++i) c.f[i] = __builtin_fmaf(a.f[i], b.f[i], c.f[i]); return c; }
   static inline void storef(float* p, vf v) { std::memcpy(p, v.f, 64); }
 };

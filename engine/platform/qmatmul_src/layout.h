@@ -82,6 +82,7 @@ struct XQuant {
   const int8_t* q;      // [M][K]
   const float* d;       // [M][K/32]
   const int32_t* s;     // [M][K/32][2]: sums of q over inputs 0..15 and 16..31 of each block
+  const float* ds;      // [M][K/32][3]: d * (sum over 0..15), d * (sum over 16..31), d * (sum over 0..31)
   int k;
   int blocks() const { return k / 32; }
 };

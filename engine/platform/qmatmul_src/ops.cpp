@@ -160,6 +160,7 @@ struct Scratch {
   std::vector<int8_t> q;
   std::vector<float> d;
   std::vector<int32_t> s;
+  std::vector<float> ds;
 };
 
 void quantize_rows(const float* x, int m, int k, Scratch& sc) {
@@ -167,6 +168,7 @@ void quantize_rows(const float* x, int m, int k, Scratch& sc) {
   sc.q.resize(size_t(m) * k);
   sc.d.resize(size_t(m) * nb);
   sc.s.resize(size_t(m) * nb * 2);
+  sc.ds.resize(size_t(m) * nb * 3);
   for (int r = 0; r < m; ++r)
     for (int b = 0; b < nb; ++b) {
       const float* xb = x + size_t(r) * k + b * 32;
@@ -185,6 +187,10 @@ void quantize_rows(const float* x, int m, int k, Scratch& sc) {
       sc.d[size_t(r) * nb + b] = d;
       sc.s[2 * (size_t(r) * nb + b)] = lo;
       sc.s[2 * (size_t(r) * nb + b) + 1] = hi;
+      float* ds = sc.ds.data() + 3 * (size_t(r) * nb + b);
+      ds[0] = d * float(lo);
+      ds[1] = d * float(hi);
+      ds[2] = d * float(lo + hi);
     }
 }
 
@@ -256,7 +262,7 @@ void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     static thread_local Scratch sc;
     quantize_rows(xp, m, k, sc);
     const Layout l = layout_of(type, group);
-    const XQuant xq{sc.q.data(), sc.d.data(), sc.s.data(), k};
+    const XQuant xq{sc.q.data(), sc.d.data(), sc.s.data(), sc.ds.data(), k};
     const int tiles = n_tiles(n);
     Kernel kern = g_kernel;
     Pool& p = pool();
