@@ -17,10 +17,12 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.blas_shim import shim_library
 from mlxcel.engine.platform.compiled_rope import compile_decode_rope
+from mlxcel.engine.platform.fused_layers import fuse_layers
 
 # Debian's libopenblas0-pthread; the first that exists is used.
 OPENBLAS_CANDIDATES = (
@@ -160,10 +162,20 @@ def reexec_with_fast_blas() -> None:
     os.execve(sys.executable, argv, env)
 
 
+def _off(name: str) -> bool:
+    return os.environ.get(name, "1").lower() in ("0", "false", "no", "off")
+
+
 def prepare_for_decode(model) -> None:
-    """Per-device graph changes for decoding, applied once after loading. On a CPU: one-token
-    rotary embeddings run as one compiled kernel (``compiled_rope.py``; bitwise the same output).
-    Nothing on Metal or CUDA. ``MLXCEL_COMPILED_ROPE=0`` turns it off."""
-    if on_gpu() or os.environ.get("MLXCEL_COMPILED_ROPE", "1").lower() in ("0", "false", "no", "off"):
+    """Per-device graph changes for decoding, applied once after loading. On a CPU, for a model
+    whose weights run on the quantized kernels: norms, rotary embeddings and attention as single
+    primitives (``fused_layers.py``; ``MLXCEL_FUSED_OPS=0`` turns it off); otherwise one-token
+    rotary embeddings as one compiled kernel (``compiled_rope.py``; bitwise the same output;
+    ``MLXCEL_COMPILED_ROPE=0`` turns it off). Nothing on Metal or CUDA."""
+    if on_gpu():
         return
-    compile_decode_rope(model)
+    packed = any(name.endswith(".packed") for name, _ in tree_flatten(model.parameters()))
+    if packed and qmatmul.available() and not _off("MLXCEL_FUSED_OPS"):
+        fuse_layers(model)
+    if not _off("MLXCEL_COMPILED_ROPE"):
+        compile_decode_rope(model)

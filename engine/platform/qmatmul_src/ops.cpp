@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "repack.h"
 #include "layout.h"
@@ -232,7 +233,7 @@ mx::array qmatmul(const mx::array& x, const mx::array& packed, int type, int gro
   check_packed(packed, type, group, n, k);
   if (x.ndim() < 1 || x.shape(-1) != k) throw std::invalid_argument("qmatmul: x's last axis must be k");
   auto s = mx::default_stream(mx::Device::cpu);
-  auto xf = mx::contiguous(mx::astype(x, mx::float32, s), false, s);
+  auto xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, s);  // strided rows are gathered in eval
   mx::Shape shape = x.shape();
   shape.back() = n;
   auto out = mx::array(shape, mx::float32, std::make_shared<QMatmul>(s, type, group, n, k), {xf, packed});
@@ -257,10 +258,18 @@ void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   enc.set_input_array(w);
   enc.set_output_array(out);
   const int m = int(x.size() / k_);
+  const bool strided = !x.flags().row_contiguous;
   enc.dispatch([xp = x.data<float>(), wp = w.data<uint8_t>(), op = out.data<float>(), m, type = type_,
-                group = group_, n = n_, k = k_]() {
+                group = group_, n = n_, k = k_, strided, shape = x.shape(), strides = x.strides()]() {
     static thread_local Scratch sc;
-    quantize_rows(xp, m, k, sc);
+    static thread_local std::vector<float> gathered;
+    const float* rows = xp;
+    if (strided) {
+      gathered.resize(size_t(m) * k);
+      for (size_t i = 0; i < gathered.size(); ++i) gathered[i] = xp[mx::elem_to_loc(int(i), shape, strides)];
+      rows = gathered.data();
+    }
+    quantize_rows(rows, m, k, sc);
     const Layout l = layout_of(type, group);
     const XQuant xq{sc.q.data(), sc.d.data(), sc.s.data(), sc.ds.data(), k};
     const int tiles = n_tiles(n);
