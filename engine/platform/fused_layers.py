@@ -11,7 +11,9 @@ embedding (its fallback graph: arange, cos, sin, slices, products, a concatenati
 * plain ``nn.RoPE`` -> :class:`FusedRoPE` for integer offsets (a batch cache's per-row offsets
   keep MLX's rope);
 * the model module's ``scaled_dot_product_attention`` -> one that takes the fused attention for
-  no mask or a causal one (a mask array, attention sinks or a quantized cache keep mlx-lm's).
+  no mask or a causal one (a mask array, attention sinks or a quantized cache keep mlx-lm's);
+  mlx-lm's model code calls it by module-level name, so this one is patched per architecture
+  (``restore_attention`` undoes it).
 
 Each computes a row (token) with the same code whatever the number of rows, as the matmul
 kernel does, so a block forward gives the same bits as one-token forwards and the exactness
@@ -57,6 +59,9 @@ class FusedRoPE(nn.Module):
                             offset=offset)
 
 
+_originals: dict[str, object] = {}
+
+
 def _fused_sdpa(original):
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
         if sinks is None and not hasattr(cache, "bits") and (mask is None or isinstance(mask, str) and
@@ -84,6 +89,16 @@ def fuse_layers(model: nn.Module) -> dict[str, int]:
         mod = sys.modules.get(cls.__module__)
         fn = getattr(mod, "scaled_dot_product_attention", None)
         if fn is not None and not getattr(fn, "mlxcel_fused", False) and mod.__name__.startswith("mlx_lm.models."):
+            _originals[mod.__name__] = fn
             mod.scaled_dot_product_attention = _fused_sdpa(fn)
             counts["attention"] += 1
     return counts
+
+
+def restore_attention() -> None:
+    """Put mlx-lm's attention back in every model module patched so far. The patch is per model
+    module (architecture), not per model: a float model of the same architecture in the same
+    process also gets the fused attention (same results within float rounding)."""
+    for name, fn in _originals.items():
+        sys.modules[name].scaled_dot_product_attention = fn
+    _originals.clear()
