@@ -74,3 +74,20 @@ def test_without_the_fused_ops_blocks_are_not_exact(packed_tiny, monkeypatch):
         fuse_layers(packed_tiny.model)
     assert FusedRMSNorm not in kinds
     assert not all(v.exact for v in verdicts)
+
+
+def test_without_the_kernels_the_float32_path_runs_and_says_so(packed_tiny, tmp_path):
+    """No kernels (here: ``MLXCEL_CPU_KERNELS=0``, as when no compiler was found at install): the
+    same file loads as float32, and one log line says why."""
+    import subprocess
+    import sys
+
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+            "from mlx.utils import tree_flatten\n"
+            "from mlxcel.engine.model.loading import load_model\n"
+            f"lm = load_model({str(packed_tiny.path)!r})\n"
+            "print('PACKED', any(n.endswith('.packed') for n, _ in tree_flatten(lm.model.parameters())))\n")
+    env = {**__import__("os").environ, "MLXCEL_CPU_KERNELS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout
+    assert "PACKED False" in out
+    assert out.count("CPU quantized kernels unavailable (MLXCEL_CPU_KERNELS=0)") == 1
