@@ -13,16 +13,18 @@ mkdir -p "$out"
 LLAMA_SERVER="${LLAMA_SERVER:-.cache/llama-server/bin/llama-server}"
 QWEN="${QWEN:-models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf}"
 PY=.venv/bin/python
+# Shorter runs on a loaded machine: N=64 REPEATS=1 (defaults: 128 tokens, 3 repeats)
+N="${N:-128}"; REPEATS="${REPEATS:-3}"; HALF=$((N / 2))
 run() { echo "== $*"; uptime; "$@"; uptime; }
 {
-  run $PY scripts/bench_vs_llama_server.py --llama-server "$LLAMA_SERVER" --threads 1,2 --n-predict 128 --repeats 3 \
+  run $PY scripts/bench_vs_llama_server.py --llama-server "$LLAMA_SERVER" --threads 1,2 --n-predict "$N" --repeats "$REPEATS" \
       --arms llama-server,mlxcel,mlxcel-f32 --out "$out/smollm2-decode.json"
   [ -f "$QWEN" ] && run $PY scripts/bench_vs_llama_server.py -m "$QWEN" --llama-server "$LLAMA_SERVER" --threads 1,2 \
-      --n-predict 64 --repeats 1 --arms llama-server,mlxcel --out "$out/qwen-decode.json"
-  run $PY scripts/bench_vs_llama_server.py --llama-server "$LLAMA_SERVER" --threads 2 --n-predict 64 --repeats 2 \
+      --n-predict "$HALF" --repeats 1 --arms llama-server,mlxcel --out "$out/qwen-decode.json"
+  run $PY scripts/bench_vs_llama_server.py --llama-server "$LLAMA_SERVER" --threads 2 --n-predict "$HALF" --repeats "$REPEATS" \
       --clients 8 --arms llama-server,mlxcel --out "$out/smollm2-8-clients.json"
   run ./scripts/with-blas $PY scripts/bench_forward_width.py --threads 1
   [ -f "$QWEN" ] && run ./scripts/with-blas $PY scripts/bench_forward_width.py -m "$QWEN" --threads 1 --arms packed --reps 7
-  run ./scripts/with-blas $PY scripts/bench_server_speculative.py --repeats 2 --max-tokens 128 \
+  run ./scripts/with-blas $PY scripts/bench_server_speculative.py --repeats "$REPEATS" --max-tokens 128 \
       --workloads edit-paragraph --arms plain,lookup
 } 2>&1 | tee "$out/all.log"
