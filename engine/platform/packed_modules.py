@@ -8,11 +8,27 @@ They keep the interface mlx-lm's models call: a linear layer is ``layer(x)``, an
 
 from __future__ import annotations
 
+import os
+
 import mlx.core as mx
 import mlx.nn as nn
 
 from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.qmatmul import PackedWeight
+
+# The other path for wide products (prefill chunks): dequantize the matrix and use MLX's float32
+# matmul (OpenBLAS sgemm) for calls of at least this many rows. Measured on SmolLM2 (256-token
+# prefill, one thread, docs/benchmarks.md): the kernel 140-144 tok/s, dequantize + sgemm from 64
+# rows 96-110, float32 weights 81; so it is off (0) by default, kept as a switch for CPUs where
+# sgemm is relatively faster. Verify blocks stay on the kernel either way when under it.
+WIDE_ROWS = int(os.environ.get("MLXCEL_WIDE_ROWS", "0"))
+
+
+def product(x: mx.array, w: PackedWeight) -> mx.array:
+    rows = x.size // max(1, x.shape[-1])
+    if WIDE_ROWS and rows >= WIDE_ROWS:
+        return x @ qmatmul.dequantize(w).astype(x.dtype).T
+    return qmatmul.qmatmul(x, w)
 
 
 class PackedLinear(nn.Module):
@@ -33,7 +49,7 @@ class PackedLinear(nn.Module):
         return f"input_dims={k}, output_dims={n}, packed type {qtype}" + (f", group {group}" if group else "")
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = qmatmul.qmatmul(x, self.weight_spec)
+        y = product(x, self.weight_spec)
         if "bias" in self:
             y = y + self.bias
         return y
@@ -58,7 +74,7 @@ class PackedEmbedding(nn.Module):
         return qmatmul.dequant_rows(ids, self.weight_spec)
 
     def as_linear(self, x: mx.array) -> mx.array:
-        return qmatmul.qmatmul(x, self.weight_spec)
+        return product(x, self.weight_spec)
 
 
 def pack_affine_modules(model: nn.Module) -> tuple[int, int]:
