@@ -78,8 +78,8 @@ FLAGS: list[Flag] = [
     F("-cl --cache-list", "refused", note="mlxcel has no model cache listing; models are paths or HF repos"),
     F("--completion-bash", "refused", note="no bash completion script is provided"),
     F("-t --threads", "divergent", "N", dest="threads", type="int",
-      note="on a Linux CPU, the OpenBLAS threads that run the matmuls (default: every usable core, as "
-           "upstream, or OPENBLAS_NUM_THREADS); MLX's other CPU ops and any GPU are unaffected", env="LLAMA_ARG_THREADS"),
+      note="on a CPU, the threads of the quantized-matmul kernels and of OpenBLAS (default: every usable "
+           "core, as upstream, or OPENBLAS_NUM_THREADS); MLX's other CPU ops and any GPU are unaffected", env="LLAMA_ARG_THREADS"),
     F("-tb --threads-batch", "ignored", "N", note=BACKEND),
     F("-C --cpu-mask", "ignored", "M", note=BACKEND),
     F("-Cr --cpu-range", "ignored", "lo-hi", note=BACKEND),
