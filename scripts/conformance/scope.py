@@ -29,14 +29,8 @@ OUT_OF_SCOPE = {
 }
 
 
-GRAMMAR = "planned (issue 13): grammar-constrained generation (grammar / json_schema) is refused with 400"
-
 # Single tests of in-scope files, by the start of their id.
 OUT_OF_SCOPE_TESTS = {
-    'unit/test_chat_completion.py::test_completion_with_grammar[': GRAMMAR,
-    'unit/test_chat_completion.py::test_completion_with_json_schema[': GRAMMAR,
-    **{f"unit/test_chat_completion.py::test_completion_with_response_format[response_format{i}-": GRAMMAR
-       for i in range(4)},  # the valid schemas; the invalid ones (4-7) are refused as upstream refuses them
     "unit/test_kv_keep_only_active.py::test_clear_and_restore": (
         "not applicable: reads upstream's internal debug log tags (__TEST_TAG_*) of its host-memory prompt "
         "cache (--cache-ram)"),

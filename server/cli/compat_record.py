@@ -176,9 +176,13 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("n_keep", "supported", "prompt tokens a context shift keeps (--context-shift)"),
     ("n_discard", "supported", "tokens a context shift drops (--context-shift)"),
     ("min_keep", "supported", ""),
-    ("grammar", "refused", "400 invalid_request_error: no grammar engine"),
-    ("json_schema", "refused", "400 invalid_request_error: no grammar engine"),
-    ("response_format", "refused", "type text is accepted; json_object/json_schema are 400 (no grammar engine)"),
+    ("grammar", "divergent", "GBNF (or llguidance Lark), enforced by llguidance, also under speculation; a "
+     "grammar that completes ends the request (stop_type eos) without sampling the end token upstream samples; "
+     "an invalid one is upstream's 400 with the reason appended"),
+    ("json_schema", "divergent", "enforced by llguidance (whitespace as upstream's converter allows it; keywords "
+     "it cannot enforce are ignored); generation_settings.grammar echoes the schema, not a converted GBNF"),
+    ("response_format", "supported", "text, json_object (with or without schema), json_schema (strict: true refuses "
+     "keywords that cannot be enforced); also read on /completion and /v1/completions (upstream ignores it there)"),
     ("mirostat", "refused", "400 when non-zero: mirostat is not implemented"),
     ("mirostat_tau", "ignored", "echoed only"),
     ("mirostat_eta", "ignored", "echoed only"),

@@ -78,8 +78,8 @@ FLAGS: list[Flag] = [
     F("-cl --cache-list", "refused", note="mlxcel has no model cache listing; models are paths or HF repos"),
     F("--completion-bash", "refused", note="no bash completion script is provided"),
     F("-t --threads", "divergent", "N", dest="threads", type="int",
-      note="on a Linux CPU, the OpenBLAS threads that run the matmuls (default: every usable core, as "
-           "upstream, or OPENBLAS_NUM_THREADS); MLX's other CPU ops and any GPU are unaffected", env="LLAMA_ARG_THREADS"),
+      note="on a CPU, the threads of the quantized-matmul kernels and of OpenBLAS (default: every usable "
+           "core, as upstream, or OPENBLAS_NUM_THREADS); MLX's other CPU ops and any GPU are unaffected", env="LLAMA_ARG_THREADS"),
     F("-tb --threads-batch", "ignored", "N", note=BACKEND),
     F("-C --cpu-mask", "ignored", "M", note=BACKEND),
     F("-Cr --cpu-range", "ignored", "lo-hi", note=BACKEND),
@@ -201,10 +201,11 @@ FLAGS: list[Flag] = [
     F("--mirostat-lr", "ignored", "N", note="only used by mirostat, which is refused"),
     F("--mirostat-ent", "ignored", "N", note="only used by mirostat, which is refused"),
     F("-l --logit-bias", "supported", "TOKEN_ID(+/-)BIAS", dest="logit_bias", append=True),
-    F("--grammar", "refused", "GRAMMAR", note="there is no grammar engine"),
-    F("--grammar-file", "refused", "FNAME", note="there is no grammar engine"),
-    F("-j --json-schema", "refused", "SCHEMA", note="there is no grammar engine"),
-    F("-jf --json-schema-file", "refused", "FILE", note="there is no grammar engine"),
+    F("--grammar", "supported", "GRAMMAR", dest="grammar",
+      note="GBNF (or llguidance's Lark) for every request that names no grammar of its own"),
+    F("--grammar-file", "supported", "FNAME", dest="grammar_file"),
+    F("-j --json-schema", "supported", "SCHEMA", dest="json_schema"),
+    F("-jf --json-schema-file", "supported", "FILE", dest="json_schema_file"),
     F("-bs --backend-sampling", "ignored", note="sampling always runs in MLX on the model's device", env="LLAMA_ARG_BACKEND_SAMPLING"),
     # -- speculative -------------------------------------------------------------------------------
     F("--spec-draft-hf -hfd -hfrd --hf-repo-draft", "supported", "<user>/<model>[:quant]", dest="draft_hf",

@@ -38,6 +38,7 @@ from mlxcel.drafters.registry import (
 )
 from mlxcel.engine.decode.recurrent import unsupported_reason
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.exactness_probe import probe_at_load
 from mlxcel.engine.speculative.report import report_lines
@@ -107,11 +108,12 @@ def check_speculative_args(parser: argparse.ArgumentParser, args: argparse.Names
 
 
 def make_session(args: argparse.Namespace, target: LoadedModel, params: SamplerParams,
-                 choice: Choice, err: TextIO | None = None) -> SpeculativeSession:
-    """Load the chosen drafter against ``target`` and open the run's session: declined (decoded
-    plainly, said so on the report line) when the target's recurrent state cannot be restored after
-    a verify round; for a probe-gated drafter the exactness probe runs here, before the prompt, for
-    every width it can use (one line on ``err``), so it is not in the generation figures."""
+                 choice: Choice, grammar: GrammarMatcher | None = None, err: TextIO | None = None) -> SpeculativeSession:
+    """Load the chosen drafter against ``target`` and open the run's session (constrained by
+    ``grammar``, the run's matcher, when given): declined (decoded plainly, said so on the report
+    line) when the target's recurrent state cannot be restored after a verify round; for a
+    probe-gated drafter the exactness probe runs here, before the prompt, for every width it can use
+    (one line on ``err``), so it is not in the generation figures."""
     why = unsupported_reason(target.model, target.make_cache)
     if why is not None:
         return SpeculativeSession(PlainSteps(), params, n_max=0, kind=choice.kind.loop,
@@ -125,15 +127,15 @@ def make_session(args: argparse.Namespace, target: LoadedModel, params: SamplerP
     if drafter is not None and drafter.probe_gated:
         print(probe_at_load(target.model, drafter, n_max, vocab_size=target.vocab_size), file=err or sys.stderr)
     return SpeculativeSession(source.new(), params, n_max=n_max, diagnostics=diagnostics_enabled(),
-                              kind=choice.kind.loop)
+                              kind=choice.kind.loop, grammar=grammar)
 
 
 def run_speculative(args: argparse.Namespace, loaded: LoadedModel, prompt: list[int], params: SamplerParams,
-                    out: TextIO | None = None) -> int:
+                    out: TextIO | None = None, grammar: GrammarMatcher | None = None) -> int:
     """Decode with the chosen drafter, streaming text to ``out``; then the performance line and
     the acceptance report."""
     out = out or sys.stdout
-    session = make_session(args, loaded, params, args.drafter)
+    session = make_session(args, loaded, params, args.drafter, grammar)
     text = TextOut(loaded.tokenizer, out, set() if params.ignore_eos else loaded.eos_token_ids)
     last = None
     for step in speculative_generate(loaded, session, prompt, max_tokens=max_new_tokens(args, loaded, len(prompt)),

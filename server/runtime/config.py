@@ -56,6 +56,10 @@ class ServerConfig:
     dry_sequence_breaker: list[str] | None = None
     ignore_eos: bool = False
     logit_bias: list[str] | None = None
+    grammar: str | None = None  # --grammar (or the text of --grammar-file): GBNF, or llguidance Lark
+    grammar_file: str | None = None
+    json_schema: str | None = None  # -j (or the text of -jf): a JSON schema
+    json_schema_file: str | None = None
     samplers: str | None = None
     sampler_seq: str | None = None
     api_key: str | None = None

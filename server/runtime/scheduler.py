@@ -9,8 +9,9 @@ it is never blocked by model work. The engine thread runs continuous batching ov
             past --timeout, or every task once shutting down (begin_shutdown, on SIGTERM)
         give waiting tasks free slots (reusing each slot's cached prompt prefix)
         prefill: one chunk (<= --ubatch-size tokens) for each prefilling slot, <= --batch-size in all
-        decode: one batched forward for every plain decoding row, then each row samples with its own chain;
-                then one verify round for each speculating row
+        decode: one batched forward for every plain decoding row, then each row samples with its own chain
+                (the grammar masks of the constrained rows computed together, off the GIL, while the
+                forward runs); then one verify round for each speculating row
 
 A task whose prompt is fully prefilled samples its first token from the prefill logits and joins
 the decode batch before the next step, so new requests join between steps without waiting for the
@@ -37,14 +38,18 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
+import mlx.core as mx
+
 from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
 from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
 from mlxcel.engine.decode.recurrent import has_recurrent_state
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.grammar import GrammarError
+from mlxcel.engine.sampling.grammar_matcher import allowed_rows, fill_masks, new_matcher
 from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.engine.speculative.target_features import TargetFeatures, chunk_with_features
-from mlxcel.server.runtime.errors import ApiError, shutting_down, timed_out, unavailable
+from mlxcel.server.runtime.errors import ApiError, invalid, shutting_down, timed_out, unavailable
 from mlxcel.server.runtime.faults import FaultPlan
 from mlxcel.server.runtime.faults import fail as inject_fault
 from mlxcel.server.runtime.kv_pool import KvPool, exceeded
@@ -297,8 +302,10 @@ class Scheduler:
         chain = SamplerChain(params, vocab_size=self.vocab_size, eos_token_ids=self.eos_ids,
                              tokenizer=self.lm.tokenizer)
         seed = resolve_seed(task.options.seed)
+        grammar = task.options.grammar
+        matcher = new_matcher(grammar, self.lm.tokenizer, self.vocab_size, self.eos_ids) if grammar else None
         slot.run = SlotRun(slot, task, chain, seed, self.lm.tokenizer, self.eos_ids, cache_n=reuse,
-                           context_shift=self.context_shift)
+                           context_shift=self.context_shift, grammar=matcher)
         slot.run.wants_spec = wants_spec
         if layers is not None:
             slot.run.features = [slot.features.rows(0, reuse)] if reuse else []
@@ -343,7 +350,8 @@ class Scheduler:
                     # a speculating row keeps its own cache (see the module docstring)
                     features = TargetFeatures.join(run.features) if run.features is not None else None
                     run.features = [features] if features is not None else None
-                    run.spec = self.speculation.start(run.opts, run.prompt + run.generated, run.seed, features)
+                    run.spec = self.speculation.start(run.opts, run.prompt + run.generated, run.seed, features,
+                                                      grammar=run.grammar)
                 else:
                     if run.wants_spec:
                         self.metrics.record_declined(DECLINED_CACHE)
@@ -450,7 +458,9 @@ class Scheduler:
         try:
             if any(run.fault == "forward" for run in runs):
                 inject_fault("forward")
-            logits = self._batch.step([run.generated[-1] for run in runs])
+            logits = self._batch.queue_step([run.generated[-1] for run in runs])
+            allowed = self._masks(runs, logits.shape[-1])  # while the forward runs
+            mx.eval(logits)
         except Exception as exc:
             # the forward touched exactly these rows: fail them, start a fresh batch, keep serving
             log.exception("batched decode step failed; failing its %d rows", len(rows))
@@ -468,7 +478,7 @@ class Scheduler:
             try:
                 if run.fault == "sample":
                     inject_fault("sample")
-                run.accept(run.sample(logits[j]), now)
+                run.accept(run.sample(logits[j], allowed.get(j)), now)
             except Exception as exc:
                 log.exception("sampling failed in slot %d", row)
                 run.fail(_as_api_error(exc))
@@ -476,6 +486,20 @@ class Scheduler:
                 finished.append(row)
         for row in finished:
             self._release(self.slots[row], send=not self.slots[row].run.task_failed)
+
+    @staticmethod
+    def _masks(runs: list[SlotRun], vocab_size: int) -> dict[int, mx.array]:
+        """The grammar masks of the batch's constrained rows, by row index, computed in one call on
+        llguidance's thread pool. A matcher that fails leaves its row to compute its own (and fail
+        alone) in ``SlotRun.sample``."""
+        rows = [(j, run.grammar) for j, run in enumerate(runs) if run.grammar is not None]
+        if not rows:
+            return {}
+        try:
+            masks = fill_masks([(matcher, ()) for _, matcher in rows])
+        except GrammarError:
+            return {}
+        return {j: allowed_rows(mask, vocab_size) for (j, _), mask in zip(rows, masks)}
 
     def _release(self, slot: Slot, send: bool = True) -> None:
         """End the slot's run: take its row out of the batch (keeping its cache for prompt reuse),
@@ -562,4 +586,6 @@ class TaskHandle:
 def _as_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, GrammarError):
+        return invalid(f"Failed to initialize samplers: {exc}")
     return ApiError(f"generation failed: {type(exc).__name__}: {exc}", "server_error")

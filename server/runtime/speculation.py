@@ -45,6 +45,7 @@ from mlxcel.drafters.registry import DrafterKind
 from mlxcel.engine.decode.recurrent import unsupported_reason
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.speculative.exactness_probe import probe_at_load
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.speculative.session import SpeculativeSession, decline_reason
 from mlxcel.engine.speculative.target_features import TargetFeatures
 from mlxcel.server.runtime.speculation_settings import SpeculationSettings
@@ -139,16 +140,17 @@ class Speculation:
         return self.asks(opts) and self.declines(opts) is None
 
     def start(self, opts: GenerationOptions, sequence: list[int], seed: int,
-              features: TargetFeatures | None = None) -> SpeculativeSession:
+              features: TargetFeatures | None = None, grammar: GrammarMatcher | None = None) -> SpeculativeSession:
         """A started session for a request whose prefill just picked the last token of ``sequence``;
-        ``features``: what that prefill kept for a model-based drafter (every token but the last)."""
+        ``features``: what that prefill kept for a model-based drafter (every token but the last);
+        ``grammar``: the request's matcher when it is constrained."""
         s = self.settings
         assert s.n_max is not None and self.source is not None  # resolved at load
         n_max = min(s.n_max, opts.spec_n_max) if opts.spec_n_max else s.n_max
         n_min = min(n_max, opts.spec_n_min if opts.spec_n_min is not None else s.n_min)
         session = SpeculativeSession(self.source.new(n_min, ngram_max=opts.spec_ngram_max), opts.sampler,
                                      n_max=n_max, n_min=n_min, synth_probs=s.synth_probs,
-                                     stochastic=opts.spec_stochastic, kind=self.draft_kind)
+                                     stochastic=opts.spec_stochastic, kind=self.draft_kind, grammar=grammar)
         if session.model_drafter is not None:
             if features is None or features.length != len(sequence) - 1:
                 raise RuntimeError("a model-based drafter needs the prefill's features of every cached token")

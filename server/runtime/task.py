@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxcel.engine.sampling.grammar import Grammar
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.server.runtime.reasoning_budget import BudgetSpec
 from mlxcel.server.runtime.timings import Timings
@@ -50,6 +51,7 @@ class GenerationOptions:
     spec_stochastic: bool | None = None  # speculative.stochastic_accept (mlxcel): overrides the environment switch
     draft_flags: bool = False  # mlxcel_draft_flags (mlxcel): stream chunks say which tokens were accepted drafts
     speculative_types: str = "none"  # echoed as generation_settings["speculative.types"]
+    grammar: Grammar | None = None  # the output's constraint (grammar / json_schema / response_format / -j)
     reasoning_budget: BudgetSpec | None = None  # thinking tokens before the end tag is forced
     reasoning_format: str = "none"  # echoed in generation_settings
     # echoed in generation_settings, not otherwise used

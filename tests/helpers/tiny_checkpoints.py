@@ -140,3 +140,16 @@ def build_hf_checkpoint(out: Path, arch: str = "llama", *, seed: int = 0, layers
     (out / "config.json").write_text(json.dumps(config, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))
     return out
+
+
+def perturbed_copy(src: Path, dst: Path, scale: float, seed: int) -> Path:
+    """A drafter that mostly agrees with the checkpoint ``src``: its weights plus seeded noise."""
+    import shutil
+
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    weights = mx.load(str(src / "model.safetensors"))
+    mx.random.seed(seed)
+    noisy = {k: v + scale * mx.random.normal(v.shape) * mx.abs(v).mean() if ".layers." in k else v
+             for k, v in weights.items()}
+    mx.save_safetensors(str(dst / "model.safetensors"), noisy, metadata={"format": "pt"})
+    return dst
