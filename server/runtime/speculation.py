@@ -44,8 +44,8 @@ from mlxcel.drafters.loading import DrafterSource, load
 from mlxcel.drafters.registry import DrafterKind
 from mlxcel.engine.decode.recurrent import unsupported_reason
 from mlxcel.engine.model.loaded_model import LoadedModel
-from mlxcel.engine.speculative.exactness_probe import probe_at_load
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
+from mlxcel.engine.speculative.exactness_probe import probe_at_load
 from mlxcel.engine.speculative.session import SpeculativeSession, decline_reason
 from mlxcel.engine.speculative.target_features import TargetFeatures
 from mlxcel.server.runtime.speculation_settings import SpeculationSettings
