@@ -1,5 +1,5 @@
-"""Turn GGUF tensors into MLX arrays: llama.cpp's block formats, its q/k row order, and
-its tensor names.
+"""Turn GGUF tensors into MLX arrays: llama.cpp's block formats and its q/k row order
+(tensor names are ``names.py``'s).
 
 Three block formats map exactly onto MLX's affine quantization (groups of 32, one scale and
 one bias per group), so on a GPU they stay quantized without any loss:
@@ -116,37 +116,3 @@ def permute_rows(info: TensorInfo, order: np.ndarray) -> TensorInfo:
     """The same tensor with its rows (output features) taken in ``order``. Blocks run along
     rows, so this works on raw quantized bytes as well as on floats."""
     return TensorInfo(name=info.name, qtype=info.qtype, shape=info.shape, data=np.take(info.data, order, axis=0))
-
-
-# llama.cpp tensor names (per block ``blk.N.``) -> mlx-lm / Hugging Face module paths.
-_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-# Present in some GGUFs but carried by the config instead of by a module parameter.
-NON_PARAMETER_TENSORS = {"rope_freqs.weight"}
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """The mlx-lm parameter path for a GGUF tensor name, or None if we do not know it."""
-    stem, _, suffix = gguf_name.rpartition(".")
-    if stem in _GLOBAL_NAMES:
-        return f"{_GLOBAL_NAMES[stem]}.{suffix}"
-    parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"
-    return None

@@ -1,0 +1,16 @@
+"""Every ``general.architecture`` mlxcel reads, each mapped onto an mlx-lm model class."""
+
+from __future__ import annotations
+
+from mlxcel.engine.gguf.architectures.base import Architecture, Conversion, TensorIndex
+from mlxcel.engine.gguf.architectures.llama import Llama
+from mlxcel.engine.gguf.architectures.qwen import Qwen2, Qwen2Moe, Qwen3, Qwen3Moe
+
+ARCHITECTURES: dict[str, Architecture] = {
+    arch.name: arch
+    for arch in (
+        Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(),
+    )
+}
+
+__all__ = ["ARCHITECTURES", "Architecture", "Conversion", "TensorIndex"]
