@@ -1,0 +1,219 @@
+"""Write a tiny Hugging Face checkpoint (``tiny_archs``) as the GGUF llama.cpp's
+convert_hf_to_gguf makes of it, for every architecture the loader maps.
+
+What the converter does, per architecture, re-stated from reading it (``conversion/*.py`` in
+the llama.cpp sources; nothing here is taken from its code):
+
+- names: Hugging Face module paths through gguf's ``TensorNameMap`` (``map_tensor_name``);
+- metadata: the common hyperparameters every text model writes, then each family's own;
+- tensors: llama / Mixtral / Granite q and k rows permuted for interleaved RoPE; experts stacked
+  into one tensor per projection; Gemma norms stored as ``1 + w``; Qwen3-Next's ``A_log`` stored
+  as ``-exp(A_log)``, its fused ``in_proj_qkvz`` split into ``attn_qkv`` and ``attn_gate``,
+  convolution kernels squeezed; Qwen3.5 value heads reordered from grouped to tiled; DeepSeek's
+  ``kv_b_proj`` split into ``attn_k_b`` (transposed) and ``attn_v_b``; GPT-OSS gate/up
+  de-interleaved; Granite-MoE's fused ``input_linear`` split.
+
+``scripts/check_gguf_layout.py`` compares this writer with the real converter when the llama.cpp
+sources are at hand.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from gguf import MODEL_ARCH_NAMES, GGUFWriter, TensorNameMap
+from gguf import GGMLQuantizationType as Q
+
+TOKEN_NORMAL, TOKEN_CONTROL = 1, 3
+_ARCH = {name: arch for arch, name in MODEL_ARCH_NAMES.items()}
+
+
+def _find(config: dict, keys: list[str]):
+    return next((config[k] for k in keys if config.get(k) is not None), None)
+
+
+def _rope_parameters(config: dict) -> dict:
+    if config.get("rope_parameters"):
+        return dict(config["rope_parameters"])
+    return {**(config.get("rope_scaling") or {}), "rope_theta": config.get("rope_theta")}
+
+
+def common_hparams(w: GGUFWriter, config: dict, n_blocks: int) -> None:
+    """What every text model writes (``TextModel.set_gguf_parameters``)."""
+    w.add_block_count(n_blocks)
+    if (n_ctx := _find(config, ["max_position_embeddings", "n_ctx", "n_positions"])) is not None:
+        w.add_context_length(n_ctx)
+    w.add_embedding_length(config["hidden_size"])
+    if (n_ff := _find(config, ["intermediate_size", "n_inner"])) is not None:
+        w.add_feed_forward_length(n_ff)
+    w.add_head_count(config["num_attention_heads"])
+    if (n_kv := config.get("num_key_value_heads")) is not None:
+        w.add_head_count_kv(n_kv)
+    rope = _rope_parameters(config)
+    if rope.get("rope_type") == "yarn" and rope.get("factor"):
+        w.add_rope_scaling_type(__import__("gguf").RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for key, add in (("beta_fast", w.add_rope_scaling_yarn_beta_fast), ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
+            if key in rope:
+                add(rope[key])
+    elif rope.get("rope_type") == "linear" and rope.get("factor"):
+        w.add_rope_scaling_type(__import__("gguf").RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["factor"])
+    if "mrope_section" in rope:
+        w.add_rope_dimension_sections((list(rope["mrope_section"]) + [0, 0, 0, 0])[:4])
+    if rope.get("rope_theta") is not None:
+        w.add_rope_freq_base(rope["rope_theta"])
+    if (eps := _find(config, ["rms_norm_eps", "norm_eps"])) is not None:
+        w.add_layer_norm_rms_eps(eps)
+    if (eps := _find(config, ["layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"])) is not None:
+        w.add_layer_norm_eps(eps)
+    if (n := _find(config, ["num_local_experts", "num_experts", "n_routed_experts"])) is not None:
+        w.add_expert_count(n)
+    if (n := _find(config, ["num_experts_per_tok"])) is not None:
+        w.add_expert_used_count(n)
+    if (n := config.get("n_group")) is not None:
+        w.add_expert_group_count(n)
+    if (n := config.get("topk_group")) is not None:
+        w.add_expert_group_used_count(n)
+    if (fn := config.get("scoring_func")) is not None:
+        import gguf
+
+        w.add_expert_gating_func({"sigmoid": gguf.ExpertGatingFuncType.SIGMOID,
+                                  "softmax": gguf.ExpertGatingFuncType.SOFTMAX}[fn])
+    if (head_dim := config.get("head_dim")) is not None:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+    w.add_file_type(0)
+
+
+def _llama_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _stack_experts(state: dict[str, np.ndarray], where: str, names: dict[str, str], merged: str) -> dict:
+    """``{where}.experts.{e}.{hf}.weight`` -> one ``{merged}.{hf}.weight`` per layer."""
+    out, groups = {}, {}
+    for key, value in state.items():
+        parts = key.split(".")
+        if f".{where}.experts." in key and parts[-2] in names and parts[-3].isdigit():
+            bid = int(parts[2])
+            groups.setdefault((bid, parts[-2]), {})[int(parts[-3])] = value
+        else:
+            out[key] = value
+    for (bid, hf), by_expert in groups.items():
+        out[merged.format(bid=bid) + f".{names[hf]}.weight"] = np.stack([by_expert[e] for e in sorted(by_expert)])
+    return out
+
+
+# -- per-architecture tensor changes ----------------------------------------------------------
+def _tensors_llama(state, config):
+    heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
+    out = {}
+    for key, value in state.items():
+        if key.endswith(("q_proj.weight", "q_proj.bias")):
+            value = _llama_permute(value, heads)
+        elif key.endswith(("k_proj.weight", "k_proj.bias")):
+            value = _llama_permute(value, kv)
+        out[key] = value
+    if config.get("num_local_experts"):  # Mixtral
+        out = _stack_experts(out, "block_sparse_moe", {"w1": "w1", "w2": "w2", "w3": "w3"},
+                             "layers.{bid}.feed_forward.experts")
+    return out
+
+
+def _tensors_moe(state, config):
+    return _stack_experts(state, "mlp", {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"},
+                          "model.layers.{bid}.mlp.experts")
+
+
+TENSOR_CHANGES = {
+    "llama": _tensors_llama,
+    "qwen2moe": _tensors_moe,
+    "qwen3moe": _tensors_moe,
+}
+
+
+# -- per-architecture metadata ----------------------------------------------------------------
+def _hparams_llama(w, config):
+    w.add_vocab_size(config["vocab_size"])
+    w.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def _hparams_qwen2moe(w, config):
+    w.add_expert_feed_forward_length(config["moe_intermediate_size"])
+    if config.get("shared_expert_intermediate_size") is not None:
+        w.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
+
+
+HPARAMS = {
+    "llama": _hparams_llama,
+    "qwen2moe": _hparams_qwen2moe,
+    "qwen3moe": _hparams_qwen2moe,
+}
+# architectures whose converter writes its own hyperparameters instead of the common ones
+OWN_HPARAMS: set[str] = set()
+
+
+def write_vocab(w: GGUFWriter, hf_dir: Path, pre: str = "gpt-2") -> None:
+    """The byte-level BPE vocabulary of ``tiny_checkpoints.build_tokenizer``, as ``_set_vocab_gpt2``."""
+    tok_json = json.loads((hf_dir / "tokenizer.json").read_text())
+    tok_config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    vocab = dict(tok_json["model"]["vocab"])
+    special = {t["content"] for t in tok_json.get("added_tokens", []) if t.get("special")}
+    for t in tok_json.get("added_tokens", []):
+        vocab[t["content"]] = t["id"]
+    tokens = [None] * len(vocab)
+    for text, i in vocab.items():
+        tokens[i] = text
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types([TOKEN_CONTROL if t in special else TOKEN_NORMAL for t in tokens])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]])
+    w.add_eos_token_id(vocab[tok_config["eos_token"]])
+    w.add_pad_token_id(vocab[tok_config["pad_token"]])
+    w.add_add_bos_token(False)
+    w.add_chat_template(tok_config["chat_template"])
+
+
+def hf_state(hf_dir: Path) -> dict[str, np.ndarray]:
+    return {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(hf_dir / "model.safetensors")).items()}
+
+
+def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32) -> Path:
+    """The GGUF of the checkpoint in ``hf_dir`` as llama.cpp's converter writes architecture
+    ``arch`` (tensors as F32, or ``qtype`` for matrices whose rows allow it)."""
+    from gguf import quants
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    n_blocks = config["num_hidden_layers"]
+    w = GGUFWriter(str(out), arch)
+    w.add_string("general.name", f"tiny-{arch}")
+    if arch not in OWN_HPARAMS:
+        common_hparams(w, config, n_blocks)
+    if arch in HPARAMS:
+        HPARAMS[arch](w, config)
+    write_vocab(w, hf_dir)
+
+    state = hf_state(hf_dir)
+    state = TENSOR_CHANGES.get(arch, lambda s, c: s)(state, config)
+    tmap = TensorNameMap(_ARCH[arch], n_blocks)
+    for name, value in state.items():
+        gguf_name = name if name.startswith(("blk.", "token_embd", "output")) else tmap.get_name(
+            name, try_suffixes=(".weight", ".bias"))
+        if gguf_name is None:
+            raise ValueError(f"{arch}: cannot map {name!r}")
+        value = np.ascontiguousarray(value, dtype=np.float32)
+        if qtype != Q.F32 and value.ndim >= 2 and value.shape[-1] % 32 == 0:
+            w.add_tensor(gguf_name, quants.quantize(value, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gguf_name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
