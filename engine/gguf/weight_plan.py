@@ -30,7 +30,8 @@ def plan_weights(spec: Architecture, config: dict, meta: ArchMetadata, tensors: 
     for name, initial in params.items():
         conv = spec.conversion(name, config, meta, tensors)
         if conv is None:
-            missing.append(name)
+            if not spec.optional(name, config, tensors):
+                missing.append(name)
             continue
         conv.shape = tuple(initial.shape)
         plan[name] = conv

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -56,7 +57,7 @@ def _load(path: Path) -> LoadedModel:
 
     plan = plan_weights(spec, config, ArchMetadata(meta, arch, str(path)), tensors)
     weights = convert_weights(gguf_file, plan)
-    model = build_model(config, weights, str(path))
+    model = build_model(config, weights, str(path), prepare=spec.prepare)
     spec.finish(model, gguf_file, config)
     resident = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     log.info("%s: %s (%s) weights resident: %.1f MiB", path.name, arch, config["model_type"], resident / 2**20)
@@ -127,11 +128,14 @@ def _unit_axes_reshaped(w: mx.array, shape: tuple[int, ...], name: str, path: Pa
     return w.reshape(shape)
 
 
-def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight], source: str) -> nn.Module:
+def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight], source: str,
+                prepare: Callable[[nn.Module, dict], None] | None = None) -> nn.Module:
     """mlx-lm's model class for ``config`` holding ``weights`` (quantized modules where the
-    weights are ``QuantizedWeight``)."""
+    weights are ``QuantizedWeight``); ``prepare`` adjusts the model to the weights first."""
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
+    if prepare is not None:
+        prepare(model, weights)
     quantized = {name[: -len(".weight")]: w for name, w in weights.items() if isinstance(w, QuantizedWeight)}
     if quantized:
         nn.quantize(

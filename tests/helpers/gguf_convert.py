@@ -36,9 +36,20 @@ def _find(config: dict, keys: list[str]):
 
 
 def _rope_parameters(config: dict) -> dict:
-    if config.get("rope_parameters"):
-        return dict(config["rope_parameters"])
-    return {**(config.get("rope_scaling") or {}), "rope_theta": config.get("rope_theta")}
+    """The converter's ``rope_parameters``: the config's (new style), or its ``rope_scaling`` with
+    the global and local bases, rotary fraction and original context mirrored in."""
+    rope = dict(config.get("rope_parameters") or config.get("rope_scaling") or {})
+    if "full_attention" in rope or "sliding_attention" in rope:
+        return rope
+    if (local := _find(config, ["rope_local_base_freq"])) is not None:
+        rope["sliding_attention"] = {"rope_theta": local}
+    if "rope_theta" not in rope and config.get("rope_theta") is not None:
+        rope["rope_theta"] = config["rope_theta"]
+    if "rope_type" not in rope and rope.get("type") is not None:
+        rope["rope_type"] = rope["type"]
+    if "partial_rotary_factor" not in rope and config.get("partial_rotary_factor") is not None:
+        rope["partial_rotary_factor"] = config["partial_rotary_factor"]
+    return rope
 
 
 def common_hparams(w: GGUFWriter, config: dict, n_blocks: int) -> None:
@@ -53,6 +64,7 @@ def common_hparams(w: GGUFWriter, config: dict, n_blocks: int) -> None:
     if (n_kv := config.get("num_key_value_heads")) is not None:
         w.add_head_count_kv(n_kv)
     rope = _rope_parameters(config)
+    rope = rope.get("full_attention", rope) | {k: v for k, v in rope.items() if k == "sliding_attention"}
     if rope.get("rope_type") == "yarn" and rope.get("factor"):
         w.add_rope_scaling_type(__import__("gguf").RopeScalingType.YARN)
         w.add_rope_scaling_factor(rope["factor"])
@@ -67,6 +79,8 @@ def common_hparams(w: GGUFWriter, config: dict, n_blocks: int) -> None:
         w.add_rope_dimension_sections((list(rope["mrope_section"]) + [0, 0, 0, 0])[:4])
     if rope.get("rope_theta") is not None:
         w.add_rope_freq_base(rope["rope_theta"])
+    if (local := rope.get("sliding_attention", {}).get("rope_theta")) is not None:
+        w.add_rope_freq_base_swa(local)
     if (eps := _find(config, ["rms_norm_eps", "norm_eps"])) is not None:
         w.add_layer_norm_rms_eps(eps)
     if (eps := _find(config, ["layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"])) is not None:
@@ -130,7 +144,19 @@ def _tensors_moe(state, config):
                           "model.layers.{bid}.mlp.experts")
 
 
+def _tensors_gemma(state, config, *, drop_head=True):
+    out = {}
+    for key, value in state.items():
+        if drop_head and key == "lm_head.weight":
+            continue
+        out[key] = value + 1.0 if key.endswith("norm.weight") else value
+    return out
+
+
 TENSOR_CHANGES = {
+    "gemma": _tensors_gemma,
+    "gemma2": _tensors_gemma,
+    "gemma3": lambda s, c: _tensors_gemma(s, c, drop_head=False),
     "llama": _tensors_llama,
     "qwen2moe": _tensors_moe,
     "qwen3moe": _tensors_moe,
@@ -149,13 +175,41 @@ def _hparams_qwen2moe(w, config):
         w.add_expert_shared_feed_forward_length(config["shared_expert_intermediate_size"])
 
 
+def _hparams_gemma(w, config, *, version=1):
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_embedding_length(config["hidden_size"])
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_head_count(config["num_attention_heads"])
+    w.add_head_count_kv(config.get("num_key_value_heads", config["num_attention_heads"]))
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_key_length(config["head_dim"])
+    w.add_value_length(config["head_dim"])
+    w.add_file_type(0)
+    if version == 2:
+        w.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(config["final_logit_softcapping"])
+        w.add_sliding_window(config["sliding_window"])
+
+
+def _hparams_gemma3(w, config):
+    # after the common ones (the writer keeps the last value of a repeated key)
+    if config.get("final_logit_softcapping"):
+        w.add_final_logit_softcapping(config["final_logit_softcapping"])
+    if config.get("sliding_window_pattern") != 1:
+        w.add_sliding_window(config["sliding_window"])
+
+
 HPARAMS = {
+    "gemma": _hparams_gemma,
+    "gemma2": lambda w, c: _hparams_gemma(w, c, version=2),
+    "gemma3": _hparams_gemma3,
     "llama": _hparams_llama,
     "qwen2moe": _hparams_qwen2moe,
     "qwen3moe": _hparams_qwen2moe,
 }
 # architectures whose converter writes its own hyperparameters instead of the common ones
-OWN_HPARAMS: set[str] = set()
+OWN_HPARAMS: set[str] = {"gemma", "gemma2"}
 
 
 def write_vocab(w: GGUFWriter, hf_dir: Path, pre: str = "gpt-2") -> None:

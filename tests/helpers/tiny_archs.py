@@ -191,6 +191,16 @@ CASES: dict[str, ArchCase] = {c.id: c for c in [
     ArchCase("qwen3moe", "qwen3moe", _cfg(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"], num_experts=4,
                                           num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[],
                                           moe_intermediate_size=32, head_dim=16, norm_topk_prob=True), _moe),
+    ArchCase("gemma", "gemma", _cfg(model_type="gemma", architectures=["GemmaForCausalLM"], head_dim=16,
+                                    tie_word_embeddings=True), zero_centred_norms=True),
+    ArchCase("gemma2", "gemma2", _cfg(model_type="gemma2", architectures=["Gemma2ForCausalLM"], head_dim=16,
+                                      attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                                      query_pre_attn_scalar=16, sliding_window=4096, tie_word_embeddings=True),
+             zero_centred_norms=True),
+    ArchCase("gemma3", "gemma3", _cfg(model_type="gemma3_text", architectures=["Gemma3ForCausalLM"], head_dim=16,
+                                      num_hidden_layers=6, query_pre_attn_scalar=16, sliding_window=8,
+                                      sliding_window_pattern=6, rope_local_base_freq=100.0, rope_theta=1000000.0,
+                                      tie_word_embeddings=True), zero_centred_norms=True),
 ]}
 
 

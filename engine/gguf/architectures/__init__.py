@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from mlxcel.engine.gguf.architectures.base import Architecture, Conversion, TensorIndex
+from mlxcel.engine.gguf.architectures.gemma import Gemma, Gemma2, Gemma3
 from mlxcel.engine.gguf.architectures.llama import Llama
 from mlxcel.engine.gguf.architectures.qwen import Qwen2, Qwen2Moe, Qwen3, Qwen3Moe
 
@@ -10,6 +11,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     arch.name: arch
     for arch in (
         Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(),
+        Gemma(), Gemma2(), Gemma3(),
     )
 }
 

@@ -146,6 +146,14 @@ class Architecture:
             conv.value = minus_one
         return conv
 
+    def optional(self, param: str, config: dict, tensors: TensorIndex) -> bool:
+        """Whether the model may do without ``param`` (``prepare`` then removes it)."""
+        return False
+
+    def prepare(self, model, weights: dict) -> None:
+        """Adjust the freshly built mlx-lm model to the weights the file gives it, before they
+        are loaded (e.g. tie the output head to the embeddings when the file has no head)."""
+
     def is_ignored(self, name: str, config: dict) -> bool:
         """A tensor in the file that no parameter needs: known extras, and the appended
         next-token-prediction blocks (mlxcel does not run a GGUF's MTP head)."""
