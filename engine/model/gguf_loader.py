@@ -25,7 +25,7 @@ from mlxcel.engine.gguf.architectures import ARCHITECTURES, Conversion, TensorIn
 from mlxcel.engine.gguf.config import architecture, model_config
 from mlxcel.engine.gguf.file import GGUFFile, read_gguf
 from mlxcel.engine.gguf.metadata import ArchMetadata
-from mlxcel.engine.gguf.tensors import QuantizedWeight, permute_rows, to_mlx
+from mlxcel.engine.gguf.tensors import QuantizedWeight, dequantize_numpy, permute_rows, to_mlx
 from mlxcel.engine.gguf.tokenizer import build_tokenizer
 from mlxcel.engine.gguf.weight_plan import plan_weights
 from mlxcel.engine.model.loaded_model import LoadedModel
@@ -51,7 +51,8 @@ def _load(path: Path) -> LoadedModel:
     meta = gguf_file.metadata
     arch, spec = architecture(meta, str(path))
     tokenizer, ids = build_tokenizer(meta, str(path))
-    tensors = TensorIndex({name: info.shape for name, info in gguf_file.tensors.items()})
+    tensors = TensorIndex({name: info.shape for name, info in gguf_file.tensors.items()},
+                          reader=lambda name: dequantize_numpy(gguf_file.tensors[name]))
     config = model_config(meta, tensors, _vocab_size(gguf_file), str(path))
     config.update(bos_token_id=ids.bos, eos_token_id=ids.eos)
 

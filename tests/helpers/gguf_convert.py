@@ -153,7 +153,19 @@ def _tensors_gemma(state, config, *, drop_head=True):
     return out
 
 
+def _tensors_granite(state, config):
+    out = _tensors_llama({k: v for k, v in state.items() if "input_linear" not in k}, config)
+    for key, value in state.items():
+        if key.endswith("block_sparse_moe.input_linear.weight"):  # (experts, 2 ff, hidden): gate, then up
+            bid, ff = int(key.split(".")[2]), value.shape[-2] // 2
+            out[f"blk.{bid}.ffn_gate_exps.weight"] = value[..., :ff, :]
+            out[f"blk.{bid}.ffn_up_exps.weight"] = value[..., ff:, :]
+    return out
+
+
 TENSOR_CHANGES = {
+    "granite": _tensors_granite,
+    "granitemoe": _tensors_granite,
     "gemma": _tensors_gemma,
     "gemma2": _tensors_gemma,
     "gemma3": lambda s, c: _tensors_gemma(s, c, drop_head=False),
@@ -200,7 +212,60 @@ def _hparams_gemma3(w, config):
         w.add_sliding_window(config["sliding_window"])
 
 
+def _hparams_phi3(w, config):
+    n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
+    rope = _rope_parameters(config)
+    orig = config.get("original_max_position_embeddings", config["max_position_embeddings"])
+    rope_dims = int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head
+    w.add_context_length(config["max_position_embeddings"])
+    w.add_rope_scaling_orig_ctx_len(orig)
+    w.add_embedding_length(n_embd)
+    w.add_feed_forward_length(config["intermediate_size"])
+    w.add_block_count(config["num_hidden_layers"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(config["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    w.add_rope_dimension_count(rope_dims)
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_file_type(0)
+    w.add_sliding_window(config.get("sliding_window") or 0)
+    if rope.get("long_factor"):
+        import math
+
+        scale = config["max_position_embeddings"] / orig
+        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1 else 1.0)
+
+
+def _extra_phi3(config):
+    rope = _rope_parameters(config)
+    if rope.get("long_factor"):
+        yield "rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32)
+        yield "rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32)
+
+
+def _hparams_olmo2(w, config):
+    if "sliding_window" in config:
+        w.add_sliding_window(config["sliding_window"])
+        if "layer_types" in config:
+            pattern = [t == "sliding_attention" for t in config["layer_types"]]
+        else:
+            pattern = [(i + 1) % 4 != 0 for i in range(config["num_hidden_layers"])]
+        w.add_sliding_window_pattern(pattern)
+
+
+def _hparams_granite(w, config):
+    _hparams_llama(w, config)
+    w.add_attention_scale(config["attention_multiplier"])
+    w.add_embedding_scale(config["embedding_multiplier"])
+    w.add_residual_scale(config["residual_multiplier"])
+    w.add_logit_scale(config["logits_scaling"])
+
+
 HPARAMS = {
+    "phi3": _hparams_phi3,
+    "olmo2": _hparams_olmo2,
+    "granite": _hparams_granite,
+    "granitemoe": _hparams_granite,
     "gemma": _hparams_gemma,
     "gemma2": lambda w, c: _hparams_gemma(w, c, version=2),
     "gemma3": _hparams_gemma3,
@@ -209,7 +274,9 @@ HPARAMS = {
     "qwen3moe": _hparams_qwen2moe,
 }
 # architectures whose converter writes its own hyperparameters instead of the common ones
-OWN_HPARAMS: set[str] = {"gemma", "gemma2"}
+OWN_HPARAMS: set[str] = {"gemma", "gemma2", "phi3"}
+# tensors the converter generates from the config (generate_extra_tensors)
+EXTRA_TENSORS = {"phi3": _extra_phi3}
 
 
 def write_vocab(w: GGUFWriter, hf_dir: Path, pre: str = "gpt-2") -> None:
@@ -244,6 +311,8 @@ def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32) -> Path:
     from gguf import quants
 
     config = json.loads((hf_dir / "config.json").read_text())
+    if arch in ("granite", "granitemoe"):
+        config.pop("head_dim", None)  # the converter ignores Granite's head_dim
     n_blocks = config["num_hidden_layers"]
     w = GGUFWriter(str(out), arch)
     w.add_string("general.name", f"tiny-{arch}")
@@ -255,9 +324,10 @@ def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32) -> Path:
 
     state = hf_state(hf_dir)
     state = TENSOR_CHANGES.get(arch, lambda s, c: s)(state, config)
+    state.update(dict(EXTRA_TENSORS.get(arch, lambda c: ())(config)))
     tmap = TensorNameMap(_ARCH[arch], n_blocks)
     for name, value in state.items():
-        gguf_name = name if name.startswith(("blk.", "token_embd", "output")) else tmap.get_name(
+        gguf_name = name if name.startswith(("blk.", "token_embd", "output", "rope_")) else tmap.get_name(
             name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise ValueError(f"{arch}: cannot map {name!r}")

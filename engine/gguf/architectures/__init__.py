@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from mlxcel.engine.gguf.architectures.base import Architecture, Conversion, TensorIndex
 from mlxcel.engine.gguf.architectures.gemma import Gemma, Gemma2, Gemma3
+from mlxcel.engine.gguf.architectures.granite import Granite, GraniteMoe
 from mlxcel.engine.gguf.architectures.llama import Llama
+from mlxcel.engine.gguf.architectures.olmo import Olmo2
+from mlxcel.engine.gguf.architectures.phi3 import Phi3
 from mlxcel.engine.gguf.architectures.qwen import Qwen2, Qwen2Moe, Qwen3, Qwen3Moe
+from mlxcel.engine.gguf.architectures.starcoder2 import Starcoder2
 
 ARCHITECTURES: dict[str, Architecture] = {
     arch.name: arch
     for arch in (
         Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(),
-        Gemma(), Gemma2(), Gemma3(),
+        Gemma(), Gemma2(), Gemma3(), Phi3(), Olmo2(), Granite(), GraniteMoe(), Starcoder2(),
     )
 }
 

@@ -49,9 +49,16 @@ class Conversion:
 
 @dataclass
 class TensorIndex:
-    """The tensor names and shapes (numpy order) of a GGUF file."""
+    """The tensor names and shapes (numpy order) of a GGUF file, and a way to read a small
+    tensor's values (rope factors) when the config needs them."""
 
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    reader: Callable[[str], np.ndarray] | None = None
+
+    def values(self, name: str) -> np.ndarray:
+        if self.reader is None:
+            raise ModelLoadError(f"the values of tensor {name!r} are needed but cannot be read here")
+        return self.reader(name)
 
     def __contains__(self, name: str) -> bool:
         return name in self.shapes
