@@ -47,9 +47,21 @@ def _name_map(arch: MODEL_ARCH, n_blocks: int) -> TensorNameMap:
 
 
 def canonical(param: str) -> str:
-    """An mlx-lm parameter path as the Hugging Face checkpoint would spell it."""
+    """An mlx-lm parameter path as the Hugging Face checkpoint would spell it (and as the
+    converter renames it before looking it up)."""
     param = param.removeprefix("language_model.")
+    param = param.replace("e_score_correction_bias", "e_score_correction.bias")
     return param.replace(".switch_mlp.", ".experts.")
+
+
+def gguf_names(arch: str, n_blocks: int, param: str) -> list[str]:
+    """The GGUF tensor names that may hold mlx-lm parameter ``param`` of an ``arch`` model: the
+    one gguf's table gives, and for a bare parameter (GPT-OSS's ``sinks``) that name with the
+    ``.weight`` the converter appends."""
+    name = gguf_name(arch, n_blocks, param)
+    if name is None:
+        return []
+    return [name] if name.endswith((".weight", ".bias")) else [name, name + ".weight"]
 
 
 def gguf_name(arch: str, n_blocks: int, param: str) -> str | None:

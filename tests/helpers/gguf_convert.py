@@ -163,7 +163,43 @@ def _tensors_granite(state, config):
     return out
 
 
+def _tensors_gpt_oss(state, config):
+    out = {}
+    for key, value in state.items():
+        if key.endswith("self_attn.sinks"):
+            out[key + ".weight"] = value
+        elif key.endswith("experts.gate_up_proj"):  # (experts, hidden, 2 ff), gate/up interleaved
+            both = value.swapaxes(-1, -2)
+            out[key.replace("gate_up_proj", "gate_proj.weight")] = both[:, ::2, :]
+            out[key.replace("gate_up_proj", "up_proj.weight")] = both[:, 1::2, :]
+        elif key.endswith("experts.gate_up_proj_bias"):
+            out[key.replace("gate_up_proj_bias", "gate_proj.bias")] = value[..., ::2]
+            out[key.replace("gate_up_proj_bias", "up_proj.bias")] = value[..., 1::2]
+        elif key.endswith("experts.down_proj"):
+            out[key + ".weight"] = value.swapaxes(-1, -2)
+        elif key.endswith("experts.down_proj_bias"):
+            out[key.replace("down_proj_bias", "down_proj.bias")] = value
+        else:
+            out[key] = value
+    return out
+
+
+def _tensors_deepseek2(state, config):
+    out = {}
+    for key, value in _tensors_moe(state, config).items():
+        if key.endswith("kv_b_proj.weight"):
+            heads, nope, v = config["num_attention_heads"], config["qk_nope_head_dim"], config["v_head_dim"]
+            kv_b = value.reshape(heads, nope + v, value.shape[-1])
+            out[key.replace("kv_b_proj", "k_b_proj")] = kv_b[:, :nope].swapaxes(1, 2)
+            out[key.replace("kv_b_proj", "v_b_proj")] = kv_b[:, nope:]
+        else:
+            out[key.replace("e_score_correction_bias", "e_score_correction.bias")] = value
+    return out
+
+
 TENSOR_CHANGES = {
+    "gpt-oss": _tensors_gpt_oss,
+    "deepseek2": _tensors_deepseek2,
     "granite": _tensors_granite,
     "granitemoe": _tensors_granite,
     "gemma": _tensors_gemma,
@@ -261,7 +297,40 @@ def _hparams_granite(w, config):
     w.add_logit_scale(config["logits_scaling"])
 
 
+def _hparams_gpt_oss(w, config):
+    w.add_sliding_window(config["sliding_window"])
+    w.add_expert_feed_forward_length(config["intermediate_size"])
+
+
+def _hparams_deepseek2(w, config):
+    rope = _rope_parameters(config)
+    first_dense = config.get("first_k_dense_replace", 0 if config.get("n_routed_experts") else config["num_hidden_layers"])
+    w.add_leading_dense_block_count(first_dense)
+    kv_lora = config.get("kv_lora_rank", 512)
+    w.add_vocab_size(config["vocab_size"])
+    if config.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(config["q_lora_rank"])
+    w.add_kv_lora_rank(kv_lora)
+    w.add_key_length(kv_lora + config["qk_rope_head_dim"])
+    w.add_value_length(kv_lora)
+    w.add_key_length_mla(config["qk_nope_head_dim"] + config["qk_rope_head_dim"])
+    w.add_value_length_mla(config["v_head_dim"])
+    w.add_expert_feed_forward_length(config.get("moe_intermediate_size") or config["intermediate_size"])
+    if config.get("n_routed_experts") is not None:
+        w.add_expert_count(config["n_routed_experts"])
+    w.add_expert_shared_count(config.get("n_shared_experts", 0))
+    if config.get("routed_scaling_factor") is not None:
+        w.add_expert_weights_scale(config["routed_scaling_factor"])
+    if config.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(config["qk_rope_head_dim"])
+    if rope.get("mscale_all_dim") is not None:
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+
+
 HPARAMS = {
+    "gpt-oss": _hparams_gpt_oss,
+    "deepseek2": _hparams_deepseek2,
     "phi3": _hparams_phi3,
     "olmo2": _hparams_olmo2,
     "granite": _hparams_granite,
@@ -313,6 +382,8 @@ def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32) -> Path:
     config = json.loads((hf_dir / "config.json").read_text())
     if arch in ("granite", "granitemoe"):
         config.pop("head_dim", None)  # the converter ignores Granite's head_dim
+    if arch == "deepseek2":
+        config = {**config, "num_key_value_heads": 1}  # MLA written as one shared latent head
     n_blocks = config["num_hidden_layers"]
     w = GGUFWriter(str(out), arch)
     w.add_string("general.name", f"tiny-{arch}")

@@ -26,7 +26,7 @@ import numpy as np
 
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.gguf.metadata import ArchMetadata
-from mlxcel.engine.gguf.names import gguf_name
+from mlxcel.engine.gguf.names import gguf_names
 from mlxcel.engine.gguf.rope import rope_scaling
 from mlxcel.engine.gguf.tensors import llama_qk_rows
 
@@ -136,13 +136,14 @@ class Architecture:
         return None
 
     # -- tensors ------------------------------------------------------------------------------
-    def gguf_name(self, param: str, config: dict, meta: ArchMetadata) -> str | None:
-        return gguf_name(self.name, meta.int("block_count"), param)
+    def gguf_name(self, param: str, config: dict, meta: ArchMetadata, tensors: TensorIndex) -> str | None:
+        """The tensor of this file holding ``param``, if it has one."""
+        return next((n for n in gguf_names(self.name, meta.int("block_count"), param) if n in tensors), None)
 
     def conversion(self, param: str, config: dict, meta: ArchMetadata, tensors: TensorIndex) -> Conversion | None:
         """How ``param`` is made, or None when the file has no tensor for it."""
-        source = self.gguf_name(param, config, meta)
-        if source is None or source not in tensors:
+        source = self.gguf_name(param, config, meta, tensors)
+        if source is None:
             return None
         conv = Conversion((source,))
         qk = _QK.match(source)
