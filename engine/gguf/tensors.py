@@ -113,6 +113,26 @@ def llama_qk_rows(n_rows: int, n_head: int) -> np.ndarray:
 
 
 def permute_rows(info: TensorInfo, order: np.ndarray) -> TensorInfo:
-    """The same tensor with its rows (output features) taken in ``order``. Blocks run along
-    rows, so this works on raw quantized bytes as well as on floats."""
-    return TensorInfo(name=info.name, qtype=info.qtype, shape=info.shape, data=np.take(info.data, order, axis=0))
+    """The same tensor with its rows (output features) taken in ``order`` (a permutation or a
+    selection; for a stack of matrices, the rows of each). Blocks run along rows, so this works
+    on raw quantized bytes as well as on floats."""
+    axis = 0 if info.data.ndim == 1 else info.data.ndim - 2
+    data = np.take(info.data, order, axis=axis)
+    shape = info.shape[:axis] + (len(order),) + info.shape[axis + 1:]
+    return TensorInfo(name=info.name, qtype=info.qtype, shape=shape, data=data)
+
+
+def concat_rows(infos: list[TensorInfo]) -> TensorInfo:
+    """Several tensors' rows stacked, as one tensor: raw when they share a type (blocks never
+    span rows), else as float32."""
+    if len(infos) == 1:
+        return infos[0]
+    axis = 0 if infos[0].data.ndim == 1 else infos[0].data.ndim - 2
+    if len({info.qtype for info in infos}) == 1:
+        data = np.concatenate([info.data for info in infos], axis=axis)
+        qtype = infos[0].qtype
+    else:
+        data = np.concatenate([dequantize_numpy(info) for info in infos], axis=axis)
+        qtype = Q.F32
+    shape = infos[0].shape[:axis] + (sum(info.shape[axis] for info in infos),) + infos[0].shape[axis + 1:]
+    return TensorInfo(name="+".join(info.name for info in infos), qtype=qtype, shape=shape, data=data)

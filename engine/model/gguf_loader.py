@@ -25,7 +25,7 @@ from mlxcel.engine.gguf.architectures import ARCHITECTURES, Conversion, TensorIn
 from mlxcel.engine.gguf.config import architecture, model_config
 from mlxcel.engine.gguf.file import GGUFFile, read_gguf
 from mlxcel.engine.gguf.metadata import ArchMetadata
-from mlxcel.engine.gguf.tensors import QuantizedWeight, dequantize_numpy, permute_rows, to_mlx
+from mlxcel.engine.gguf.tensors import QuantizedWeight, concat_rows, dequantize_numpy, permute_rows, to_mlx
 from mlxcel.engine.gguf.tokenizer import build_tokenizer
 from mlxcel.engine.gguf.weight_plan import plan_weights
 from mlxcel.engine.model.loaded_model import LoadedModel
@@ -109,7 +109,7 @@ def convert_weights(gguf_file: GGUFFile, plan: dict[str, Conversion]) -> dict[st
     for name, conv in plan.items():
         infos = [gguf_file.tensors[source] for source in conv.sources]
         if conv.rows is not None:
-            infos = [permute_rows(infos[0], conv.rows)]
+            infos = [permute_rows(concat_rows(infos), conv.rows)]
         if conv.value is None and len(infos) == 1:
             w = to_mlx(infos[0], keep_quantized=keep and name.endswith(".weight"), dtype=dtype)
         else:

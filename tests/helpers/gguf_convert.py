@@ -140,6 +140,7 @@ def _tensors_llama(state, config):
 
 
 def _tensors_moe(state, config):
+    state = {k.removeprefix("language_model."): v for k, v in state.items()}
     return _stack_experts(state, "mlp", {"gate_proj": "gate_proj", "up_proj": "up_proj", "down_proj": "down_proj"},
                           "model.layers.{bid}.mlp.experts")
 
@@ -197,7 +198,81 @@ def _tensors_deepseek2(state, config):
     return out
 
 
+def _tensors_lfm2(state, config):
+    return {k: v.squeeze(1) if "conv.conv" in k else v for k, v in state.items()}
+
+
+def _tiled_from_grouped(x: np.ndarray, axis: int, n_k: int, per_k: int, head_dim: int) -> np.ndarray:
+    """The converter's value-head reorder (Qwen3.5): grouped by key head -> tiled."""
+    shape = list(x.shape)
+    x = x.reshape(shape[:axis] + [n_k, per_k, head_dim] + shape[axis + 1:])
+    return np.swapaxes(x, axis, axis + 1).reshape(shape)
+
+
+def _reorder_value_heads(state, config):
+    n_k, n_v = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    if n_k == n_v:
+        return state
+    dk, dv, per_k = config["linear_key_head_dim"], config["linear_value_head_dim"], n_v // n_k
+    qk = 2 * n_k * dk
+    out = {}
+    for key, x in state.items():
+        if "linear_attn." in key:
+            if ".in_proj_qkv." in key:
+                x = np.concatenate([x[:qk], _tiled_from_grouped(x[qk:], 0, n_k, per_k, dv)])
+            elif ".in_proj_z." in key:
+                x = _tiled_from_grouped(x, 0, n_k, per_k, dv)
+            elif ".in_proj_b." in key or ".in_proj_a." in key:
+                x = _tiled_from_grouped(x, 0, n_k, per_k, 1)
+            elif key.endswith((".A_log", ".dt_bias")):
+                x = _tiled_from_grouped(x[:, None], 0, n_k, per_k, 1)[:, 0]
+            elif ".conv1d" in key:
+                x = x.squeeze()
+                x = np.concatenate([x[:qk], _tiled_from_grouped(x[qk:], 0, n_k, per_k, dv)])
+            elif ".out_proj." in key:
+                x = _tiled_from_grouped(x, 1, n_k, per_k, dv)
+        out[key] = x
+    return out
+
+
+def _tensors_qwen3next(state, config):
+    out = {}
+    for key, x in state.items():
+        if key.endswith("mlp.experts.gate_up_proj"):  # fused experts (Qwen3.5-MoE checkpoints)
+            ff = x.shape[-2] // 2
+            out[key.replace("gate_up_proj", "gate_proj.weight")] = x[..., :ff, :]
+            out[key.replace("gate_up_proj", "up_proj.weight")] = x[..., ff:, :]
+            continue
+        if key.endswith("mlp.experts.down_proj"):
+            out[key + ".weight"] = x
+            continue
+        if key.endswith(".A_log"):
+            x = -np.exp(x)
+        elif key.endswith(".dt_bias"):
+            key = key.replace(".dt_bias", ".dt_proj.bias")
+        elif "conv1d" in key:
+            x = x.squeeze()
+        elif key.endswith("norm.weight") and not key.endswith("linear_attn.norm.weight"):
+            x = x + 1.0
+        if "in_proj_qkvz.weight" in key:
+            n_k, dk = config["linear_num_key_heads"], config["linear_key_head_dim"]
+            per_k_v = config["linear_num_value_heads"] // n_k * config["linear_value_head_dim"]
+            groups = x.reshape(n_k, 2 * dk + 2 * per_k_v, x.shape[-1])
+            q, k = groups[:, :dk], groups[:, dk:2 * dk]
+            v, z = groups[:, 2 * dk:2 * dk + per_k_v], groups[:, 2 * dk + per_k_v:]
+            bid = int(key.split(".")[2])
+            out[f"blk.{bid}.attn_qkv.weight"] = np.concatenate([t.reshape(-1, x.shape[-1]) for t in (q, k, v)])
+            out[f"blk.{bid}.attn_gate.weight"] = z.reshape(-1, x.shape[-1])
+            continue
+        out[key] = x
+    return _tensors_moe(out, config)
+
+
 TENSOR_CHANGES = {
+    "qwen3next": _tensors_qwen3next,
+    "qwen35": lambda s, c: _tensors_qwen3next(_reorder_value_heads(s, c), c),
+    "qwen35moe": lambda s, c: _tensors_qwen3next(_reorder_value_heads(s, c), c),
+    "lfm2": _tensors_lfm2,
     "gpt-oss": _tensors_gpt_oss,
     "deepseek2": _tensors_deepseek2,
     "granite": _tensors_granite,
@@ -328,7 +403,45 @@ def _hparams_deepseek2(w, config):
         w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
 
 
+def _hparams_lfm2(w, config):
+    w.add_head_count_kv([config["num_key_value_heads"] if t != "conv" else 0 for t in config["layer_types"]])
+    w.add_vocab_size(config["vocab_size"])
+    w.add_shortconv_l_cache(config["conv_L_cache"])
+    w.add_layer_norm_rms_eps(config["norm_eps"])
+    ff = config.get("block_ff_dim") or config["intermediate_size"]
+    if config["block_auto_adjust_ff_dim"]:
+        ff = int(2 * ff / 3)
+        if config.get("block_ffn_dim_multiplier") is not None:
+            ff = int(config["block_ffn_dim_multiplier"] * ff)
+        m = config["block_multiple_of"]
+        ff = m * ((ff + m - 1) // m)
+    w.add_feed_forward_length(ff)
+
+
+def _hparams_qwen3next(w, config):
+    _hparams_qwen2moe(w, config) if config.get("moe_intermediate_size") else None
+    w.add_ssm_conv_kernel(config["linear_conv_kernel_dim"])
+    w.add_ssm_state_size(config["linear_key_head_dim"])
+    w.add_ssm_group_count(config["linear_num_key_heads"])
+    w.add_ssm_time_step_rank(config["linear_num_value_heads"])
+    w.add_ssm_inner_size(config["linear_value_head_dim"] * config["linear_num_value_heads"])
+    w.add_full_attention_interval(config.get("full_attention_interval", 4))
+    rope = _rope_parameters(config)
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
+
+
+def _hparams_qwen35(w, config):
+    _hparams_qwen3next(w, config)
+    if "mrope_section" not in _rope_parameters(config):
+        w.add_rope_dimension_sections([11, 11, 10, 0])
+
+
 HPARAMS = {
+    "qwen3next": _hparams_qwen3next,
+    "qwen35": _hparams_qwen35,
+    "qwen35moe": _hparams_qwen35,
+    "lfm2": _hparams_lfm2,
     "gpt-oss": _hparams_gpt_oss,
     "deepseek2": _hparams_deepseek2,
     "phi3": _hparams_phi3,

@@ -244,6 +244,22 @@ CASES: dict[str, ArchCase] = {c.id: c for c in [
                                               rope_scaling={"type": "yarn", "factor": 4.0, "mscale": 1.0,
                                                             "mscale_all_dim": 1.0, "beta_fast": 32, "beta_slow": 1,
                                                             "original_max_position_embeddings": 256}), _deepseek_v3),
+    ArchCase("lfm2", "lfm2", _cfg(model_type="lfm2", architectures=["Lfm2ForCausalLM"], norm_eps=1e-5, conv_bias=False,
+                                  conv_L_cache=3, block_dim=64, block_multiple_of=32, block_ffn_dim_multiplier=1.0,
+                                  block_auto_adjust_ff_dim=True, block_ff_dim=192, num_hidden_layers=4,
+                                  layer_types=["conv", "full_attention", "conv", "conv"], tie_word_embeddings=True,
+                                  intermediate_size=192), _lfm2),
+    ArchCase("qwen3next", "qwen3next", _cfg(model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"],
+                                            **LINEAR_ATTN, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
+                                            shared_expert_intermediate_size=32, mlp_only_layers=[],
+                                            moe_intermediate_size=32, partial_rotary_factor=0.25, num_hidden_layers=4,
+                                            norm_topk_prob=True), _qwen3_next),
+    ArchCase("qwen35", "qwen35", _cfg(model_type="qwen3_5", architectures=["Qwen3_5ForCausalLM"], **LINEAR_ATTN,
+                                      num_hidden_layers=4, rope_parameters=dict(QWEN35_ROPE)), _qwen3_5),
+    ArchCase("qwen35moe", "qwen35moe", _cfg(model_type="qwen3_5_moe", architectures=["Qwen3_5MoeForCausalLM"],
+                                            **LINEAR_ATTN, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
+                                            shared_expert_intermediate_size=32, moe_intermediate_size=32,
+                                            rope_parameters=dict(QWEN35_ROPE)), _qwen3_5),
 ]}
 
 
@@ -298,7 +314,7 @@ def build(case: ArchCase, out: Path, seed: int = 0) -> Path:
         loaded = dict(tree_flatten(model.parameters()))
         assert set(loaded) == set(params), sorted(set(loaded) ^ set(params))
         for name, value in params.items():
-            assert mx.array_equal(loaded[name], value), f"{case.id}: {name} does not round-trip through mlx-lm"
+            assert mx.allclose(loaded[name], value, rtol=0, atol=1e-6), f"{case.id}: {name} does not round-trip"
     return out
 
 

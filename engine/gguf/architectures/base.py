@@ -37,9 +37,10 @@ ValueFn = Callable[..., mx.array]
 class Conversion:
     """One mlx-lm parameter made from GGUF tensors.
 
-    ``rows`` (a row index array, applied to the single source along its row axis) works on raw
-    blocks, so a quantized tensor stays quantized; ``value`` gets every source as a float32
-    array and returns the parameter, so its sources are dequantized."""
+    ``rows`` (a row index array into the sources' rows stacked in order; for a stack of expert
+    matrices, the rows of each) works on raw blocks, so a quantized tensor stays quantized;
+    ``value`` gets every source as a float32 array and returns the parameter, so its sources
+    are dequantized."""
 
     sources: tuple[str, ...]
     rows: np.ndarray | None = None
@@ -71,6 +72,7 @@ class TensorIndex:
 
 
 _QK = re.compile(r"^blk\.\d+\.attn_([qk])\.(weight|bias)$")
+_FUSABLE = re.compile(r"^blk\.(\d+)\.(attn_q|attn_k|attn_v|ffn_gate_exps|ffn_up_exps)\.(weight|bias)$")
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -99,7 +101,7 @@ class Architecture:
     def common_config(self, meta: ArchMetadata, tensors: TensorIndex, vocab_size: int) -> dict[str, Any]:
         hidden = meta.int("embedding_length")
         n_head = meta.int("attention.head_count")
-        n_kv = meta.int("attention.head_count_kv", n_head)
+        n_kv = self.kv_heads(meta, n_head)
         head_dim = meta.int("attention.key_length", hidden // n_head)
         rope_dim = meta.int("rope.dimension_count", head_dim)
         if rope_dim != head_dim and not self.partial_rotary:
@@ -126,6 +128,10 @@ class Architecture:
             config["rope_scaling"] = scaling
         return config
 
+    def kv_heads(self, meta: ArchMetadata, n_head: int) -> int:
+        """Key/value heads of the attention layers (one number; hybrids override this)."""
+        return meta.int("attention.head_count_kv", n_head)
+
     def n_layers(self, meta: ArchMetadata) -> int:
         """Decoder layers mlx-lm builds: ``block_count`` less any next-token-prediction layers
         the file appends (llama.cpp's ``nextn_predict_layers``)."""
@@ -144,7 +150,7 @@ class Architecture:
         """How ``param`` is made, or None when the file has no tensor for it."""
         source = self.gguf_name(param, config, meta, tensors)
         if source is None:
-            return None
+            return self.fused_conversion(param, config, meta, tensors)
         conv = Conversion((source,))
         qk = _QK.match(source)
         if self.permuted_qk and qk:
@@ -153,6 +159,34 @@ class Architecture:
         if self.norm_offset and source.endswith("norm.weight"):
             conv.value = minus_one
         return conv
+
+    def fused_conversion(self, param: str, config: dict, meta: ArchMetadata, tensors: TensorIndex) -> Conversion | None:
+        """A parameter the file holds inside a fused tensor (the converter's ``--fuse-qkv`` and
+        ``--fuse-gate-up-exps``): q, k, v rows of ``attn_qkv``; gate, up rows of
+        ``ffn_gate_up_exps``. Rows only, so quantized blocks stay as they are."""
+        expected = gguf_names(self.name, meta.int("block_count"), param)
+        match = _FUSABLE.match(expected[0]) if expected else None
+        if match is None:
+            return None
+        bid, kind, suffix = match.groups()
+        if kind.startswith("attn_"):
+            fused = f"blk.{bid}.attn_qkv.{suffix}"
+            if fused not in tensors:
+                return None
+            head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+            q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+            start, size, heads = {"attn_q": (0, q, config["num_attention_heads"]),
+                                  "attn_k": (q, kv, config["num_key_value_heads"]),
+                                  "attn_v": (q + kv, kv, None)}[kind]
+            order = np.arange(size)
+            if self.permuted_qk and heads is not None:
+                order = llama_qk_rows(size, heads)
+            return Conversion((fused,), rows=start + order)
+        fused = f"blk.{bid}.ffn_gate_up_exps.{suffix}"
+        if suffix != "weight" or fused not in tensors:
+            return None
+        ff = tensors.shape(fused)[-2] // 2
+        return Conversion((fused,), rows=np.arange(ff) + (0 if kind == "ffn_gate_exps" else ff))
 
     def optional(self, param: str, config: dict, tensors: TensorIndex) -> bool:
         """Whether the model may do without ``param`` (``prepare`` then removes it)."""
