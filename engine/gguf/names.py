@@ -49,7 +49,7 @@ def _name_map(arch: MODEL_ARCH, n_blocks: int) -> TensorNameMap:
 def canonical(param: str) -> str:
     """An mlx-lm parameter path as the Hugging Face checkpoint would spell it (and as the
     converter renames it before looking it up)."""
-    param = param.removeprefix("language_model.")
+    param = param.replace("language_model.", "")
     param = param.replace("e_score_correction_bias", "e_score_correction.bias")
     return param.replace(".switch_mlp.", ".experts.")
 

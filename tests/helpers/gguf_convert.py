@@ -268,7 +268,24 @@ def _tensors_qwen3next(state, config):
     return _tensors_moe(out, config)
 
 
+def _tensors_gemma3n(state, config):
+    out, stacks = {}, {}
+    for key, value in state.items():
+        key = key.replace("language_model.", "")
+        if key.endswith("_scale"):
+            key += ".weight"
+        parts = key.split(".")
+        if parts[1] in ("altup_projections", "altup_unembed_projections"):
+            stacks.setdefault(parts[1], {})[int(parts[2])] = value
+            continue
+        out[key] = value  # Gemma 3n's norms are stored as they are
+    for name, by_index in stacks.items():
+        out[f"model.{name}.weight"] = np.stack([by_index[i] for i in sorted(by_index)])
+    return out
+
+
 TENSOR_CHANGES = {
+    "gemma3n": _tensors_gemma3n,
     "qwen3next": _tensors_qwen3next,
     "qwen35": lambda s, c: _tensors_qwen3next(_reorder_value_heads(s, c), c),
     "qwen35moe": lambda s, c: _tensors_qwen3next(_reorder_value_heads(s, c), c),
@@ -437,7 +454,21 @@ def _hparams_qwen35(w, config):
         w.add_rope_dimension_sections([11, 11, 10, 0])
 
 
+def _hparams_gemma3n(w, config):
+    from statistics import NormalDist
+
+    _hparams_gemma3(w, config)
+    w.add_altup_active_idx(config["altup_active_idx"])
+    w.add_altup_num_inputs(config["altup_num_inputs"])
+    w.add_embedding_length_per_layer_input(config["hidden_size_per_layer_input"])
+    w.add_shared_kv_layers(config["num_kv_shared_layers"])
+    w.add_activation_sparsity_scale([NormalDist().inv_cdf(p) if 0 < p < 1 else float("-inf")
+                                     for p in config["activation_sparsity_pattern"]])
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])
+
+
 HPARAMS = {
+    "gemma3n": _hparams_gemma3n,
     "qwen3next": _hparams_qwen3next,
     "qwen35": _hparams_qwen35,
     "qwen35moe": _hparams_qwen35,
@@ -493,6 +524,7 @@ def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32) -> Path:
     from gguf import quants
 
     config = json.loads((hf_dir / "config.json").read_text())
+    config = {**config, **config.get("text_config", {})}
     if arch in ("granite", "granitemoe"):
         config.pop("head_dim", None)  # the converter ignores Granite's head_dim
     if arch == "deepseek2":

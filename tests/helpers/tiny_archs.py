@@ -260,6 +260,13 @@ CASES: dict[str, ArchCase] = {c.id: c for c in [
                                             **LINEAR_ATTN, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
                                             shared_expert_intermediate_size=32, moe_intermediate_size=32,
                                             rope_parameters=dict(QWEN35_ROPE)), _qwen3_5),
+    ArchCase("gemma3n", "gemma3n", {"model_type": "gemma3n", "architectures": ["Gemma3nForConditionalGeneration"],
+                                    "text_config": _cfg(
+        model_type="gemma3n_text", head_dim=16, num_hidden_layers=4, num_kv_shared_layers=2, vocab_size_per_layer_input=V,
+        sliding_window=8, rope_local_base_freq=10000.0, rope_theta=1000000.0, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
+        hidden_size_per_layer_input=8, altup_num_inputs=4, altup_coef_clip=120.0, altup_correct_scale=True,
+        altup_active_idx=0, laurel_rank=8, rms_norm_eps=1e-6)}),
 ]}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from mlxcel.engine.gguf.architectures.base import Architecture, Conversion, TensorIndex
 from mlxcel.engine.gguf.architectures.deepseek2 import Deepseek2
-from mlxcel.engine.gguf.architectures.gemma import Gemma, Gemma2, Gemma3
+from mlxcel.engine.gguf.architectures.gemma import Gemma, Gemma2, Gemma3, Gemma3n
 from mlxcel.engine.gguf.architectures.gpt_oss import GptOss
 from mlxcel.engine.gguf.architectures.granite import Granite, GraniteMoe
 from mlxcel.engine.gguf.architectures.lfm2 import Lfm2
@@ -19,7 +19,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     arch.name: arch
     for arch in (
         Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(),
-        Gemma(), Gemma2(), Gemma3(), Phi3(), Olmo2(), Granite(), GraniteMoe(), Starcoder2(),
+        Gemma(), Gemma2(), Gemma3(), Gemma3n(), Phi3(), Olmo2(), Granite(), GraniteMoe(), Starcoder2(),
         GptOss(), Deepseek2(), Lfm2(), Qwen3Next(), Qwen35(), Qwen35Moe(),
     )
 }

@@ -8,14 +8,18 @@ same. Gemma 3 alternates five sliding-window layers with one global one unless t
 otherwise (``attention.sliding_window_pattern``), with its own RoPE base for the local layers
 (``rope.freq_base_swa``, 10000 when absent). mlx-lm's gemma2 has no sliding window, so a Gemma 2
 file serves contexts up to its window (4096), where full attention is the same computation.
+Gemma 3n's norms are stored as they are (no 1 added); its three AltUp projections arrive stacked
+in one tensor, its activation sparsity as normal quantiles (``activation_sparsity_scale``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import re
 from typing import Any
 
-from mlxcel.engine.gguf.architectures.base import Architecture, TensorIndex
+from mlxcel.engine.gguf.architectures.base import Architecture, Conversion, TensorIndex
 from mlxcel.engine.gguf.metadata import ArchMetadata
 
 log = logging.getLogger(__name__)
@@ -100,3 +104,48 @@ class Gemma3(Architecture):
         if meta.int("attention.sliding_window", 0) and self._pattern(meta, self.n_layers(meta)) < 0:
             return "a sliding-window layer pattern that is not one global layer every N, the only one mlx-lm builds"
         return None
+
+
+_ALTUP = re.compile(r"^model\.language_model\.(altup_projections|altup_unembed_projections)\.(\d+)\.weight$")
+
+
+class Gemma3n(Architecture):
+    name = "gemma3n"
+    model_type = "gemma3n"
+    hf_class = "Gemma3nForCausalLM"
+
+    def config(self, meta: ArchMetadata, tensors: TensorIndex, vocab_size: int) -> dict[str, Any]:
+        text = self.common_config(meta, tensors, vocab_size)
+        n = text["num_hidden_layers"]
+        sliding = [bool(v) for v in meta.per_layer("attention.sliding_window_pattern", n)]
+        scales = meta.per_layer("activation_sparsity_scale", n, float("-inf"))
+        ff = [int(v) for v in meta.per_layer("feed_forward_length", n)]
+        text.update(
+            model_type="gemma3n_text",
+            intermediate_size=ff if len(set(ff)) > 1 else ff[0],
+            num_kv_shared_layers=meta.int("attention.shared_kv_layers", max(n - 20, 0)),
+            vocab_size_per_layer_input=tensors.shape("per_layer_token_embd.weight")[0],
+            sliding_window=meta.int("attention.sliding_window"),
+            rope_local_base_freq=meta.float("rope.freq_base_swa", 10_000.0),
+            rope_theta=meta.float("rope.freq_base", 1_000_000.0),
+            final_logit_softcapping=meta.float("final_logit_softcapping", 30.0),
+            layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+            activation_sparsity_pattern=[0.5 * (1.0 + math.erf(float(s) / math.sqrt(2.0))) for s in scales],
+            hidden_size_per_layer_input=meta.int("embedding_length_per_layer_input"),
+            altup_num_inputs=meta.int("altup.num_inputs", 4),
+            altup_active_idx=meta.int("altup.active_idx", 0),
+            altup_coef_clip=120.0,
+            altup_correct_scale=True,
+            laurel_rank=tensors.shape("blk.0.laurel_l.weight")[0],
+        )
+        return {**text, "model_type": "gemma3n", "text_config": dict(text)}
+
+    def conversion(self, param: str, config: dict, meta: ArchMetadata, tensors: TensorIndex) -> Conversion | None:
+        match = _ALTUP.match(param)
+        if match is None:
+            return super().conversion(param, config, meta, tensors)
+        which, index = match.groups()
+        stacked = "altup_proj.weight" if which == "altup_projections" else "altup_unembd_proj.weight"
+        if stacked not in tensors:
+            return None
+        return Conversion((stacked,), value=lambda w, i=int(index): w[i])
