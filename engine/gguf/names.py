@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, TENSOR_NAMES, MODEL_TENSOR
+from gguf import MODEL_ARCH, MODEL_ARCH_NAMES, MODEL_TENSOR, TENSOR_NAMES
 from gguf.tensor_mapping import TensorNameMap
 
 _ARCH_BY_NAME = {name: arch for arch, name in MODEL_ARCH_NAMES.items()}
