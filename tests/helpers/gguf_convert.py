@@ -285,6 +285,8 @@ def _tensors_gemma3n(state, config):
 
 
 TENSOR_CHANGES = {
+    "smollm3": _tensors_llama,
+    "olmoe": _tensors_moe,
     "gemma3n": _tensors_gemma3n,
     "qwen3next": _tensors_qwen3next,
     "qwen35": lambda s, c: _tensors_qwen3next(_reorder_value_heads(s, c), c),
@@ -468,6 +470,8 @@ def _hparams_gemma3n(w, config):
 
 
 HPARAMS = {
+    "smollm3": _hparams_llama,
+    "olmoe": lambda w, c: w.add_layer_norm_rms_eps(1e-5),
     "gemma3n": _hparams_gemma3n,
     "qwen3next": _hparams_qwen3next,
     "qwen35": _hparams_qwen35,

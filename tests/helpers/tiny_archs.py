@@ -267,6 +267,12 @@ CASES: dict[str, ArchCase] = {c.id: c for c in [
         layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.95, 0.95, 0.0, 0.0],
         hidden_size_per_layer_input=8, altup_num_inputs=4, altup_coef_clip=120.0, altup_correct_scale=True,
         altup_active_idx=0, laurel_rank=8, rms_norm_eps=1e-6)}),
+    ArchCase("smollm3", "smollm3", _cfg(model_type="smollm3", architectures=["SmolLM3ForCausalLM"], num_hidden_layers=4,
+                                        tie_word_embeddings=True, attention_bias=False, mlp_bias=False)),
+    ArchCase("seed_oss", "seed_oss", _cfg(model_type="seed_oss", architectures=["SeedOssForCausalLM"], head_dim=16,
+                                          attention_bias=True, attention_out_bias=False)),
+    ArchCase("olmoe", "olmoe", _cfg(model_type="olmoe", architectures=["OlmoeForCausalLM"], num_experts=4,
+                                    num_experts_per_tok=2, intermediate_size=32), _moe),
 ]}
 
 

@@ -8,8 +8,8 @@ from mlxcel.engine.gguf.architectures.gemma import Gemma, Gemma2, Gemma3, Gemma3
 from mlxcel.engine.gguf.architectures.gpt_oss import GptOss
 from mlxcel.engine.gguf.architectures.granite import Granite, GraniteMoe
 from mlxcel.engine.gguf.architectures.lfm2 import Lfm2
-from mlxcel.engine.gguf.architectures.llama import Llama
-from mlxcel.engine.gguf.architectures.olmo import Olmo2
+from mlxcel.engine.gguf.architectures.llama import Llama, SeedOss, SmolLM3
+from mlxcel.engine.gguf.architectures.olmo import Olmo2, Olmoe
 from mlxcel.engine.gguf.architectures.phi3 import Phi3
 from mlxcel.engine.gguf.architectures.qwen import Qwen2, Qwen2Moe, Qwen3, Qwen3Moe
 from mlxcel.engine.gguf.architectures.qwen_hybrid import Qwen3Next, Qwen35, Qwen35Moe
@@ -21,6 +21,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(),
         Gemma(), Gemma2(), Gemma3(), Gemma3n(), Phi3(), Olmo2(), Granite(), GraniteMoe(), Starcoder2(),
         GptOss(), Deepseek2(), Lfm2(), Qwen3Next(), Qwen35(), Qwen35Moe(),
+        SmolLM3(), SeedOss(), Olmoe(),
     )
 }
 

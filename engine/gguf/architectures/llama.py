@@ -32,7 +32,7 @@ class Llama(Architecture):
 
     def config(self, meta: ArchMetadata, tensors: TensorIndex, vocab_size: int) -> dict[str, Any]:
         config = self.common_config(meta, tensors, vocab_size)
-        n_expert = meta.int("expert_count", 0)
+        n_expert = meta.int("expert_count", 0) if self.model_type == "llama" else 0
         if n_expert:
             config.update(model_type="mixtral", architectures=["MixtralForCausalLM"], num_local_experts=n_expert,
                           num_experts_per_tok=meta.int("expert_used_count"))
@@ -72,3 +72,33 @@ def apply_rope_freqs(model: nn.Module, gguf_file, config: dict) -> None:
         if not isinstance(rope, Llama3RoPE):
             raise ModelLoadError(f"{gguf_file.path}: rope_freqs present but {config['model_type']} does not use llama3 RoPE")
         rope._freqs = base * factors
+
+
+class SmolLM3(Llama):
+    """``smollm3``: SmolLM3, llama with rotary embeddings left out of every fourth layer
+    (llama.cpp's fixed step; the file does not say)."""
+
+    name = "smollm3"
+    model_type = "smollm3"
+    hf_class = "SmolLM3ForCausalLM"
+
+    def config(self, meta: ArchMetadata, tensors: TensorIndex, vocab_size: int) -> dict[str, Any]:
+        config = super().config(meta, tensors, vocab_size)
+        config["no_rope_layer_interval"] = 4
+        return config
+
+
+class SeedOss(Architecture):
+    """``seed_oss``: ByteDance Seed-OSS, llama-like with biased q/k/v (and optionally output)
+    projections, written without the q/k permutation."""
+
+    name = "seed_oss"
+    model_type = "seed_oss"
+    hf_class = "SeedOssForCausalLM"
+
+    def config(self, meta: ArchMetadata, tensors: TensorIndex, vocab_size: int) -> dict[str, Any]:
+        config = self.common_config(meta, tensors, vocab_size)
+        config.update(attention_bias="blk.0.attn_q.bias" in tensors,
+                      attention_out_bias="blk.0.attn_output.bias" in tensors,
+                      mlp_bias="blk.0.ffn_up.bias" in tensors)
+        return config

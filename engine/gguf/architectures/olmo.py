@@ -40,3 +40,18 @@ class Olmo2(Architecture):
                 and meta.float("rope.freq_base_swa") != meta.float("rope.freq_base", 10000.0):
             return "a separate RoPE base for its sliding-window layers, which mlx-lm's olmo3 does not take"
         return None
+
+
+class Olmoe(Architecture):
+    """``olmoe``: OLMoE, OLMo's full-width q/k norms with stacked experts; llama.cpp does not
+    renormalise the chosen experts' weights (nor does the model)."""
+
+    name = "olmoe"
+    model_type = "olmoe"
+    hf_class = "OlmoeForCausalLM"
+
+    def config(self, meta: ArchMetadata, tensors: TensorIndex, vocab_size: int) -> dict[str, Any]:
+        config = self.common_config(meta, tensors, vocab_size)
+        config.update(num_experts=meta.int("expert_count"), num_experts_per_tok=meta.int("expert_used_count"),
+                      norm_topk_prob=False, attention_bias="blk.0.attn_q.bias" in tensors)
+        return config
