@@ -342,6 +342,41 @@ def _hparams_gemma3(w, config):
         w.add_sliding_window(config["sliding_window"])
 
 
+def _hparams_exaone4(w, config):
+    w.add_vocab_size(config["vocab_size"])
+    if config.get("sliding_window") is not None:
+        w.add_sliding_window(config["sliding_window"])
+        if "layer_types" in config:
+            w.add_sliding_window_pattern([t == "sliding_attention" for t in config["layer_types"]])
+        elif isinstance(config.get("sliding_window_pattern"), str):
+            p = config["sliding_window_pattern"]
+            w.add_sliding_window_pattern([p[i % len(p)] == "L" for i in range(config["num_hidden_layers"])])
+
+
+def _extra_llama3_rope(config):
+    """``rope_freqs``: the per-frequency divisors of Llama 3 style scaling (``generate_extra_tensors``)."""
+    import math
+
+    rope = _rope_parameters(config)
+    if str(rope.get("rope_type", "")).lower() != "llama3":
+        return
+    base = rope.get("rope_theta", 10000.0)
+    dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    factor, low, high = rope.get("factor", 8.0), rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old = rope.get("original_max_position_embeddings", 8192)
+    out = []
+    for i in range(0, dim, 2):
+        wavelen = 2 * math.pi * base ** (i / dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    yield "rope_freqs.weight", np.array(out, dtype=np.float32)
+
+
 def _hparams_phi3(w, config):
     n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
     rope = _rope_parameters(config)
@@ -470,6 +505,7 @@ def _hparams_gemma3n(w, config):
 
 
 HPARAMS = {
+    "exaone4": _hparams_exaone4,
     "smollm3": _hparams_llama,
     "olmoe": lambda w, c: w.add_layer_norm_rms_eps(1e-5),
     "gemma3n": _hparams_gemma3n,
@@ -493,7 +529,7 @@ HPARAMS = {
 # architectures whose converter writes its own hyperparameters instead of the common ones
 OWN_HPARAMS: set[str] = {"gemma", "gemma2", "phi3"}
 # tensors the converter generates from the config (generate_extra_tensors)
-EXTRA_TENSORS = {"phi3": _extra_phi3}
+EXTRA_TENSORS = {"phi3": _extra_phi3, "exaone4": _extra_llama3_rope, "llama": _extra_llama3_rope}
 
 
 def write_vocab(w: GGUFWriter, hf_dir: Path, pre: str = "gpt-2") -> None:

@@ -273,6 +273,17 @@ CASES: dict[str, ArchCase] = {c.id: c for c in [
                                           attention_bias=True, attention_out_bias=False)),
     ArchCase("olmoe", "olmoe", _cfg(model_type="olmoe", architectures=["OlmoeForCausalLM"], num_experts=4,
                                     num_experts_per_tok=2, intermediate_size=32), _moe),
+    ArchCase("ernie4_5", "ernie4_5", _cfg(model_type="ernie4_5", architectures=["Ernie4_5_ForCausalLM"], head_dim=16,
+                                          use_bias=False, tie_word_embeddings=True)),
+    ArchCase("exaone4", "exaone4", _cfg(model_type="exaone4", architectures=["Exaone4ForCausalLM"], head_dim=16,
+                                        num_hidden_layers=4, sliding_window=8, sliding_window_pattern="LLLG",
+                                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+             reloads=False, notes="transformers' Exaone4Config cannot read mlx-lm's 'LLLG' pattern"),
+    ArchCase("llama3", "llama", _cfg(model_type="llama", architectures=["LlamaForCausalLM"], attention_bias=False,
+                                     mlp_bias=False, rope_scaling={"rope_type": "llama3", "factor": 8.0,
+                                                                   "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                                   "original_max_position_embeddings": 64})),
 ]}
 
 

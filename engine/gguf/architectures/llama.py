@@ -68,7 +68,9 @@ def apply_rope_freqs(model: nn.Module, gguf_file, config: dict) -> None:
     if factors.size != base.size:
         raise ModelLoadError(f"{gguf_file.path}: rope_freqs has {factors.size} entries, expected {base.size}")
     for layer in model.layers:
-        rope = layer.self_attn.rope
+        rope = getattr(layer.self_attn, "rope", None)
+        if rope is None:  # a layer without rotary embeddings (EXAONE 4's global layers)
+            continue
         if not isinstance(rope, Llama3RoPE):
             raise ModelLoadError(f"{gguf_file.path}: rope_freqs present but {config['model_type']} does not use llama3 RoPE")
         rope._freqs = base * factors
