@@ -172,9 +172,8 @@ def template_results(models: Path | None) -> dict[str, str]:
 
     with tempfile.TemporaryDirectory() as d:
         tiny_checkpoints.build_tokenizer(Path(d))
-        from transformers import PreTrainedTokenizerFast
-
         from mlx_lm.tokenizer_utils import TokenizerWrapper
+        from transformers import PreTrainedTokenizerFast
 
         tok = TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_file=str(Path(d) / "tokenizer.json"),
                                                        bos_token="<|endoftext|>", eos_token="<|im_end|>"))
