@@ -16,8 +16,25 @@ from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.gguf.architectures import ARCHITECTURES, Architecture, TensorIndex
 from mlxcel.engine.gguf.metadata import ArchMetadata
 
-# Architectures llama.cpp writes that mlx-lm also implements but mlxcel does not map yet, and why.
-NOT_YET: dict[str, str] = {}
+# Architectures llama.cpp writes whose model mlx-lm also has (module named), that mlxcel does not
+# map yet: refused with the name of what is missing, the tensor and config mapping for that module.
+_MLX_LM_MODULES = {
+    "afmoe": "afmoe", "apertus": "apertus", "bailingmoe": "bailing_moe", "bailingmoe2": "bailing_moe", "bitnet": "bitnet",
+    "cohere2": "cohere2", "command-r": "cohere", "dbrx": "dbrx", "deepseek": "deepseek", "dots1": "dots1",
+    "ernie4_5-moe": "ernie4_5_moe", "exaone": "exaone", "exaone-moe": "exaone_moe", "falcon-h1": "falcon_h1",
+    "gemma4": "gemma4_text", "glm-dsa": "glm_moe_dsa", "glm4": "glm4", "glm4moe": "glm4_moe", "gpt2": "gpt2",
+    "gptj": "gptj", "gptneox": "gpt_neox", "granitehybrid": "granitemoehybrid", "hunyuan-dense": "hunyuan_v1_dense",
+    "hunyuan-moe": "hunyuan", "internlm2": "internlm2", "jamba": "jamba", "kimi-linear": "kimi_linear",
+    "lfm2moe": "lfm2_moe", "llama4": "llama4_text", "mamba": "mamba", "mamba2": "mamba2", "mimo2": "mimo_v2_flash",
+    "minicpm": "minicpm", "minicpm3": "minicpm3", "minimax-m2": "minimax", "mistral3": "ministral3",
+    "mistral4": "mistral4", "nemotron": "nemotron", "nemotron_h": "nemotron_h", "olmo": "olmo", "openelm": "openelm",
+    "phi2": "phi", "phimoe": "phimoe", "plamo": "plamo", "plamo2": "plamo2", "plamo3": "plamo3", "qwen": "qwen",
+    "rwkv7": "rwkv7", "stablelm": "stablelm", "starcoder": "gpt_bigcode", "step35": "step3p5",
+}
+NOT_YET: dict[str, str] = {
+    arch: f"mlx-lm has a {module} model, but mlxcel does not yet map this architecture's GGUF tensors and "
+          "metadata onto it" for arch, module in _MLX_LM_MODULES.items()
+}
 
 
 def architecture(metadata: dict[str, Any], source: str) -> tuple[str, Architecture]:

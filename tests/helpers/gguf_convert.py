@@ -558,9 +558,14 @@ def hf_state(hf_dir: Path) -> dict[str, np.ndarray]:
     return {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(hf_dir / "model.safetensors")).items()}
 
 
-def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32) -> Path:
+def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32, extra_kv: dict | None = None,
+            drop: tuple[str, ...] = (), pre: str = "gpt-2", write_as: str | None = None) -> Path:
     """The GGUF of the checkpoint in ``hf_dir`` as llama.cpp's converter writes architecture
-    ``arch`` (tensors as F32, or ``qtype`` for matrices whose rows allow it)."""
+    ``arch`` (tensors as F32, or ``qtype`` for matrices whose rows allow it). For the refusal
+    tests: ``extra_kv`` adds (or overrides) metadata (``{arch}.`` keys as ``name -> value``; ints,
+    floats, bools, strings), ``drop`` leaves out tensors whose GGUF name contains one of the
+    fragments, ``pre`` names the pre-tokenizer, ``write_as`` labels the file (general.architecture
+    and the metadata prefix) as another architecture than the one it is laid out as."""
     from gguf import quants
 
     config = json.loads((hf_dir / "config.json").read_text())
@@ -570,13 +575,16 @@ def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32) -> Path:
     if arch == "deepseek2":
         config = {**config, "num_key_value_heads": 1}  # MLA written as one shared latent head
     n_blocks = config["num_hidden_layers"]
-    w = GGUFWriter(str(out), arch)
+    w = GGUFWriter(str(out), write_as or arch)
     w.add_string("general.name", f"tiny-{arch}")
     if arch not in OWN_HPARAMS:
         common_hparams(w, config, n_blocks)
     if arch in HPARAMS:
         HPARAMS[arch](w, config)
-    write_vocab(w, hf_dir)
+    for key, value in (extra_kv or {}).items():
+        add = {bool: w.add_bool, int: w.add_uint32, float: w.add_float32, str: w.add_string}[type(value)]
+        add(key if key.startswith(("general.", "tokenizer.")) else f"{write_as or arch}.{key}", value)
+    write_vocab(w, hf_dir, pre)
 
     state = hf_state(hf_dir)
     state = TENSOR_CHANGES.get(arch, lambda s, c: s)(state, config)
@@ -587,6 +595,8 @@ def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32) -> Path:
             name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise ValueError(f"{arch}: cannot map {name!r}")
+        if any(fragment in gguf_name for fragment in drop):
+            continue
         value = np.ascontiguousarray(value, dtype=np.float32)
         if qtype != Q.F32 and value.ndim >= 2 and value.shape[-1] % 32 == 0:
             w.add_tensor(gguf_name, quants.quantize(value, qtype), raw_dtype=qtype)
