@@ -4,6 +4,9 @@
 
 Per ``general.architecture`` (every row is run, not claimed):
 
+- layout: whether the test suite's GGUF writer lays each tiny checkpoint out exactly as llama.cpp's
+  ``convert_hf_to_gguf.py`` does (``scripts/check_gguf_layout.py``, recorded in
+  ``docs/data/gguf-layout-check.json``: tensor names, shapes, values and ``{arch}.*`` metadata);
 - loads / logits: the tiny random model of the test suite (``tests/helpers/tiny_archs``), written as
   llama.cpp's converter lays it out (``gguf_convert``), loaded, and compared with mlx-lm's logits
   on the same weights (max |difference| over a 40-token prompt; greedy tokens through the cache);
@@ -197,7 +200,7 @@ def _recorded(name: str) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def render(rows, vocab, templates, real, recorded_templates, models_dir) -> str:
+def render(rows, vocab, templates, real, recorded_templates, layout, models_dir) -> str:
     from mlxcel.engine.gguf.architectures import ARCHITECTURES
 
     lines = [
@@ -208,8 +211,8 @@ def render(rows, vocab, templates, real, recorded_templates, models_dir) -> str:
         f"Generated {time.strftime('%Y-%m-%d')}; llama.cpp sources for the tokenizer and template columns: "
         f"{'yes' if models_dir else 'not given (columns say so)'}.",
         "",
-        "| architecture | models | mlx-lm class | loads, logits vs mlx-lm (max abs diff), greedy | tokenizer | chat templates | speculation (greedy, tiny model) |",
-        "|---|---|---|---|---|---|---|",
+        "| architecture | models | mlx-lm class | test file = convert_hf_to_gguf.py's | loads, logits vs mlx-lm (max abs diff), greedy | tokenizer | chat templates | speculation (greedy, tiny model) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for arch in ARCHITECTURES:
         fam = FAMILIES.get(arch, {"models": "", "pre": [], "templates": []})
@@ -218,6 +221,7 @@ def render(rows, vocab, templates, real, recorded_templates, models_dir) -> str:
         logits = "; ".join(
             (f"{c['case']}: yes, {c['max_diff']:.1e}, {'same' if c['greedy_equal'] else 'DIFFERENT'}" if c.get("loads")
              else f"{c['case']}: NO ({c.get('error')})") for c in cases) or "not tested"
+        layouts = [f"{c['case']}: {layout.get(c['case'], 'not checked')}" for c in cases]
         toks = []
         for pre in fam["pre"]:
             toks.append(f"{pre}: {vocab[pre]} llama.cpp cases" if pre in vocab else f"{pre}")
@@ -235,8 +239,8 @@ def render(rows, vocab, templates, real, recorded_templates, models_dir) -> str:
         temps = temps or ["the file's own (Jinja)"]
         spec = cases[0].get("speculation", {}) if cases else {}
         specs = "; ".join(f"{k}: {v}" for k, v in spec.items()) or "—"
-        lines.append(f"| `{arch}` | {fam['models']} | {classes} | {logits} | {'; '.join(toks) or '—'} | "
-                     f"{'; '.join(temps)} | {specs} |")
+        lines.append(f"| `{arch}` | {fam['models']} | {classes} | {'; '.join(layouts)} | {logits} | "
+                     f"{'; '.join(toks) or '—'} | {'; '.join(temps)} | {specs} |")
     lines += ["", "## Real files against llama-server", "",
               "`scripts/compare_gguf_llama_server.py` (llama-server built from the pinned llama.cpp sources, "
               "`-t 1 -np 1`): `/tokenize` over a battery of texts with and without `add_special`, and greedy "
@@ -281,7 +285,7 @@ def main() -> None:
     vocab = vocab_results(models)
     templates = template_results(models)
     text = render(rows, vocab, templates, _recorded("gguf-vs-llama-server.json"),
-                  _recorded("templates-vs-llama-server.json"), models)
+                  _recorded("templates-vs-llama-server.json"), _recorded("gguf-layout-check.json"), models)
     args.out.write_text(text)
     print(f"wrote {args.out}")
 

@@ -307,6 +307,11 @@ TENSOR_CHANGES = {
 
 # -- per-architecture metadata ----------------------------------------------------------------
 def _hparams_llama(w, config):
+    if config.get("head_dim") is None and config.get("model_type") == "llama":
+        # transformers' LlamaConfig always has a head_dim, which the common keys then write
+        head_dim = config["hidden_size"] // config["num_attention_heads"]
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_vocab_size(config["vocab_size"])
     w.add_rope_dimension_count(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
 
@@ -380,7 +385,7 @@ def _extra_llama3_rope(config):
 def _hparams_phi3(w, config):
     n_embd, n_head = config["hidden_size"], config["num_attention_heads"]
     rope = _rope_parameters(config)
-    orig = config.get("original_max_position_embeddings", config["max_position_embeddings"])
+    orig = config.get("original_max_position_embeddings", 4096)  # transformers' Phi3Config default
     rope_dims = int(rope.get("partial_rotary_factor", 1.0) * n_embd) // n_head
     w.add_context_length(config["max_position_embeddings"])
     w.add_rope_scaling_orig_ctx_len(orig)
@@ -410,6 +415,8 @@ def _extra_phi3(config):
 
 def _hparams_olmo2(w, config):
     if "sliding_window" in config:
+        # transformers' Olmo3Config gives its sliding layers the global RoPE base, which the common keys write
+        w.add_rope_freq_base_swa(config["rope_theta"])
         w.add_sliding_window(config["sliding_window"])
         if "layer_types" in config:
             pattern = [t == "sliding_attention" for t in config["layer_types"]]
@@ -479,7 +486,11 @@ def _hparams_qwen3next(w, config):
     w.add_ssm_group_count(config["linear_num_key_heads"])
     w.add_ssm_time_step_rank(config["linear_num_value_heads"])
     w.add_ssm_inner_size(config["linear_value_head_dim"] * config["linear_num_value_heads"])
-    w.add_full_attention_interval(config.get("full_attention_interval", 4))
+    # transformers turns full_attention_interval into layer_types, which the converter writes as
+    # recurrent_layers; the interval itself is then written as its default
+    interval = config.get("full_attention_interval", 4)
+    w.add_array(f"{w.arch}.attention.recurrent_layers", [(i + 1) % interval != 0 for i in range(config["num_hidden_layers"])])
+    w.add_full_attention_interval(4)
     rope = _rope_parameters(config)
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 0.25)))
@@ -586,7 +597,8 @@ def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32, extra_kv: d
         add(key if key.startswith(("general.", "tokenizer.")) else f"{write_as or arch}.{key}", value)
     write_vocab(w, hf_dir, pre)
 
-    state = hf_state(hf_dir)
+    # the converter's own renames before anything else (TextModel.filter_tensors)
+    state = {k.replace("language_model.", ""): v for k, v in hf_state(hf_dir).items()}
     state = TENSOR_CHANGES.get(arch, lambda s, c: s)(state, config)
     state.update(dict(EXTRA_TENSORS.get(arch, lambda c: ())(config)))
     tmap = TensorNameMap(_ARCH[arch], n_blocks)

@@ -100,9 +100,12 @@ def _qwen3_next(params: Params, config: dict) -> Params:
 
 
 def _qwen3_5(params: Params, config: dict) -> Params:
+    """The multimodal checkpoint's layout, as Qwen3.5 ships: ``model.language_model.*`` and a
+    top-level ``lm_head``."""
+    config = config.get("text_config", config)
     out = {}
     for k, v in params.items():
-        k = k.removeprefix("language_model.")
+        k = k.replace("language_model.model.", "model.language_model.").replace("language_model.lm_head", "lm_head")
         if "conv1d.weight" in k:
             v = _conv_to_torch(v)
         elif k.endswith(_ZERO_CENTRED):
@@ -209,7 +212,7 @@ CASES: dict[str, ArchCase] = {c.id: c for c in [
                                       tie_word_embeddings=True)),
     ArchCase("olmo2", "olmo2", _cfg(model_type="olmo2", architectures=["Olmo2ForCausalLM"])),
     ArchCase("olmo3", "olmo2", _cfg(model_type="olmo3", architectures=["Olmo3ForCausalLM"], sliding_window=8,
-                                    num_hidden_layers=4)),
+                                    num_hidden_layers=4, rope_theta=500000.0)),
     ArchCase("granite", "granite", _cfg(model_type="granite", architectures=["GraniteForCausalLM"], logits_scaling=4.0,
                                         attention_multiplier=0.2, embedding_multiplier=6.0, residual_multiplier=0.5,
                                         attention_bias=False, mlp_bias=False)),
@@ -254,12 +257,17 @@ CASES: dict[str, ArchCase] = {c.id: c for c in [
                                             shared_expert_intermediate_size=32, mlp_only_layers=[],
                                             moe_intermediate_size=32, partial_rotary_factor=0.25, num_hidden_layers=4,
                                             norm_topk_prob=True), _qwen3_next),
-    ArchCase("qwen35", "qwen35", _cfg(model_type="qwen3_5", architectures=["Qwen3_5ForCausalLM"], **LINEAR_ATTN,
-                                      num_hidden_layers=4, rope_parameters=dict(QWEN35_ROPE)), _qwen3_5),
-    ArchCase("qwen35moe", "qwen35moe", _cfg(model_type="qwen3_5_moe", architectures=["Qwen3_5MoeForCausalLM"],
-                                            **LINEAR_ATTN, num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
-                                            shared_expert_intermediate_size=32, moe_intermediate_size=32,
-                                            rope_parameters=dict(QWEN35_ROPE)), _qwen3_5),
+    ArchCase("qwen35", "qwen35", {"model_type": "qwen3_5", "architectures": ["Qwen3_5ForConditionalGeneration"],
+                                  "tie_word_embeddings": False,
+                                  "text_config": _cfg(model_type="qwen3_5_text", **LINEAR_ATTN, num_hidden_layers=4,
+                                                      rope_parameters=dict(QWEN35_ROPE))}, _qwen3_5),
+    ArchCase("qwen35moe", "qwen35moe", {"model_type": "qwen3_5_moe", "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+                                        "tie_word_embeddings": False,
+                                        "text_config": _cfg(model_type="qwen3_5_moe_text", **LINEAR_ATTN,
+                                                            num_hidden_layers=4, num_experts=4, num_experts_per_tok=2,
+                                                            shared_expert_intermediate_size=32,
+                                                            moe_intermediate_size=32,
+                                                            rope_parameters=dict(QWEN35_ROPE))}, _qwen3_5),
     ArchCase("gemma3n", "gemma3n", {"model_type": "gemma3n", "architectures": ["Gemma3nForConditionalGeneration"],
                                     "text_config": _cfg(
         model_type="gemma3n_text", head_dim=16, num_hidden_layers=4, num_kv_shared_layers=2, vocab_size_per_layer_input=V,
