@@ -23,11 +23,10 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import PreTrainedTokenizerFast
 
 from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.gguf.special_tokens import NORMAL, TokenRoles, token_roles
 
 log = logging.getLogger(__name__)
 
-# tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 # Split patterns of the original tokenizers, keyed by tokenizer.ggml.pre: the regexes llama.cpp
 # applies in turn (llama-vocab.cpp), written as the tokenizer.json they come from has them where
@@ -107,21 +106,6 @@ _FAMILIES: list[tuple[tuple[str, ...], PreTokenizer]] = [
 PRE_TOKENIZERS: dict[str, PreTokenizer] = {name: pre for names, pre in _FAMILIES for name in names}
 
 
-# Token texts llama.cpp treats as end-of-generation whatever the metadata says (it decides EOG
-# by text; see llama-vocab.cpp), and its fill-in-the-middle pad/repo/separator candidates,
-# which it also counts as EOG.
-EOG_TEXTS = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-}
-FIM_CANDIDATES = {
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "fim_sep": ("<|file_sep|>",),
-}
-
-
 @dataclass
 class SpecialIds:
     bos: int | None
@@ -135,7 +119,12 @@ class SpecialIds:
     eog: frozenset[int] = frozenset()  # every token that ends generation, as llama.cpp decides
 
 
-def special_ids(metadata: dict[str, Any], n_tokens: int) -> SpecialIds:
+def special_ids(metadata: dict[str, Any], n_tokens: int, roles: TokenRoles | None = None) -> SpecialIds:
+    if roles is None:
+        tokens = list(metadata.get("tokenizer.ggml.tokens") or [])
+        types = metadata.get("tokenizer.ggml.token_type")
+        roles = token_roles(metadata, tokens, [int(t) for t in types] if types is not None else [NORMAL] * len(tokens))
+
     def tid(name: str) -> int | None:
         value = metadata.get(f"tokenizer.ggml.{name}_token_id")
         return int(value) if value is not None and 0 <= int(value) < n_tokens else None
@@ -150,24 +139,8 @@ def special_ids(metadata: dict[str, Any], n_tokens: int) -> SpecialIds:
         bos=bos, eos=tid("eos"), eot=tid("eot"), eom=tid("eom"), unk=tid("unknown"), pad=tid("padding"),
         add_bos=bool(add_bos) and bos is not None,
         add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)) and tid("eos") is not None,
-        eog=frozenset(_eog_ids(metadata, tid)),
+        eog=frozenset(roles.eog),
     )
-
-
-def _eog_ids(metadata: dict[str, Any], tid) -> set[int]:
-    tokens = metadata.get("tokenizer.ggml.tokens") or []
-    by_text: dict[str, int] = {}
-    for i, text in enumerate(tokens):
-        by_text.setdefault(text, i)
-    eog = {by_text[t] for t in EOG_TEXTS if t in by_text}
-    for kind, candidates in FIM_CANDIDATES.items():
-        found = tid(kind)
-        if found is None:
-            found = next((by_text[t] for t in candidates if t in by_text), None)
-        if found is not None:
-            eog.add(found)
-    eog.update(i for i in (tid("eos"), tid("eot"), tid("eom")) if i is not None)
-    return eog
 
 
 def build_tokenizers_object(metadata: dict[str, Any], source: str) -> tuple[Tokenizer, SpecialIds]:
@@ -179,7 +152,8 @@ def build_tokenizers_object(metadata: dict[str, Any], source: str) -> tuple[Toke
     tokens = list(tokens)
     types = metadata.get("tokenizer.ggml.token_type")
     types = [int(t) for t in types] if types is not None else [NORMAL] * len(tokens)
-    ids = special_ids(metadata, len(tokens))
+    roles = token_roles(metadata, tokens, types)
+    ids = special_ids(metadata, len(tokens), roles)
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)  # a duplicated string keeps its first id, as llama.cpp does
@@ -194,15 +168,14 @@ def build_tokenizers_object(metadata: dict[str, Any], source: str) -> tuple[Toke
             "and 'llama' (SentencePiece) vocabularies"
         )
 
-    # Control and user-defined tokens are matched whole, never split by the pre-tokenizer.
+    # Control and user-defined tokens (as llama.cpp decides them, special_tokens.py) are matched
+    # whole, never split by the pre-tokenizer.
     added = []
-    for i, (text, ttype) in enumerate(zip(tokens, types)):
+    for i in sorted(roles.control | roles.user_defined):
+        text = tokens[i]
         if vocab.get(text) != i:
             continue
-        if ttype == CONTROL:
-            added.append(AddedToken(text, special=True, normalized=False))
-        elif ttype == USER_DEFINED:
-            added.append(AddedToken(text, special=False, normalized=False))
+        added.append(AddedToken(text, special=i in roles.control, normalized=False))
     tok.add_special_tokens([t for t in added if t.special])
     tok.add_tokens([t for t in added if not t.special])
 
