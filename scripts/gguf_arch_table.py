@@ -39,8 +39,9 @@ FAMILIES: dict[str, dict] = {
     "llama": {"models": "Llama 1-3.3, Mistral 7B / Nemo / Small, Mixtral, SmolLM 1-2, CodeLlama",
               "pre": ["llama-spm", "llama-bpe", "smollm", "tekken"],
               "templates": ["meta-llama-Llama-3.1-8B-Instruct", "meta-llama-Llama-3.2-3B-Instruct",
-                            "mistralai-Mistral-Nemo-Instruct-2407", "Mistral-Small-3.2-24B-Instruct-2506",
-                            "deepseek-ai-DeepSeek-R1-Distill-Llama-8B"]},
+                            "meta-llama-Llama-3.3-70B-Instruct", "mistralai-Mistral-Nemo-Instruct-2407",
+                            "Mistral-Small-3.2-24B-Instruct-2506", "unsloth-mistral-Devstral-Small-2507",
+                            "mistralai-Ministral-3-14B-Reasoning-2512", "deepseek-ai-DeepSeek-R1-Distill-Llama-8B"]},
     "qwen2": {"models": "Qwen 1.5 / 2 / 2.5 (+ Coder, Math), DeepSeek-R1-Distill-Qwen",
               "pre": ["qwen2", "deepseek-r1-qwen"],
               "templates": ["Qwen-Qwen2.5-7B-Instruct", "Qwen-QwQ-32B", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"]},
@@ -66,6 +67,11 @@ FAMILIES: dict[str, dict] = {
     "granitemoe": {"models": "Granite 3.x MoE", "pre": ["refact", "gpt-2"], "templates": []},
     "starcoder2": {"models": "StarCoder 2", "pre": ["starcoder"], "templates": []},
     "lfm2": {"models": "LFM2, LFM2.5", "pre": ["lfm2"], "templates": ["LFM2.5-Instruct"]},
+    "smollm3": {"models": "SmolLM3", "pre": ["llama-bpe"], "templates": ["HuggingFaceTB-SmolLM3-3B"]},
+    "seed_oss": {"models": "Seed-OSS", "pre": ["seed-coder"], "templates": ["ByteDance-Seed-OSS"]},
+    "olmoe": {"models": "OLMoE", "pre": ["olmo"], "templates": []},
+    "ernie4_5": {"models": "ERNIE 4.5 dense", "pre": ["SPM"], "templates": []},
+    "exaone4": {"models": "EXAONE 4.0", "pre": ["exaone4"], "templates": []},
 }
 # the llama.cpp vocabulary test file that checks a pre-tokenizer name, where one exists
 VOCAB_FILES = {"llama-spm": "llama-spm", "llama-bpe": "llama-bpe", "qwen2": "qwen2", "qwen35": "qwen35",
@@ -228,13 +234,15 @@ def render(rows, vocab, templates, real, recorded_templates, layout, models_dir)
         for fname, rec in real.items():
             if rec.get("architecture") == arch:
                 ok = sum(c["ok"] for c in rec["tokenize"])
-                toks.append(f"**{fname}: /tokenize {ok}/{len(rec['tokenize'])} = llama-server**")
+                greedy = sum(g["agree"] for g in rec["greedy"])
+                toks.append(f"**{fname}: /tokenize {ok}/{len(rec['tokenize'])} = llama-server; greedy {greedy}/"
+                            f"{sum(g['of'] for g in rec['greedy'])} tokens agree (see below)**")
         temps = []
         for t in fam["templates"]:
             status = templates.get(t, "not checked")
             if t in recorded_templates:
                 r = recorded_templates[t]
-                status += f", {r['equal']}/{r['cases']} = llama-server"
+                status += f", {r['equal']}/{r['cases']} conversations = llama-server's /apply-template"
             temps.append(f"{t}: {status}")
         temps = temps or ["the file's own (Jinja)"]
         spec = cases[0].get("speculation", {}) if cases else {}
