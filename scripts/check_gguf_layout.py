@@ -5,6 +5,9 @@ of the converter; this is where the account is checked.
 
     .venv/bin/python scripts/check_gguf_layout.py --llama-cpp-src DIR [CASE ...]
 
+A case may be ``NAME:fuse-qkv``: the converter's ``--fuse-qkv`` against the writer's ``fuse_qkv``
+(the default run adds llama, qwen2 and gemma3 that way).
+
 Needs the ``reference`` extra (torch) and the llama.cpp sources. The converter picks a
 pre-tokenizer by hashing the tokenizer's output and refuses one it does not know, as the tiny
 tokenizer is; the run tells it "gpt-2", as the writer does. Everything else is the converter's.
@@ -104,24 +107,29 @@ def main() -> None:
     failed = 0
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
-        for case_id in args.cases or list(tiny_archs.CASES):
+        for spec in args.cases or [*tiny_archs.CASES, "llama:fuse-qkv", "qwen2:fuse-qkv", "gemma3:fuse-qkv"]:
+            case_id, _, variant = spec.partition(":")
             case = tiny_archs.CASES[case_id]
+            fused = variant == "fuse-qkv"
             if case_id in SKIP:
                 print(f"{case_id}: skipped ({SKIP[case_id]})")
                 results[case_id] = f"not checked: {SKIP[case_id]}"
                 continue
-            hf = tiny_archs.build(case, root / case_id, seed=5)
+            hf = root / case_id
+            if not (hf / "config.json").exists():
+                tiny_archs.build(case, hf, seed=5)
             if case_id in SENTENCEPIECE:
                 sentencepiece_model(hf)
-            ours = gguf_convert.convert(hf, root / f"{case_id}-ours.gguf", case.gguf_arch)
+            ours = gguf_convert.convert(hf, root / f"{spec}-ours.gguf", case.gguf_arch, fuse_qkv=fused)
             try:
-                run_converter(args.llama_cpp_src, hf, root / f"{case_id}-converter.gguf", FLAGS.get(case_id, []))
-                problems = compare(ours, root / f"{case_id}-converter.gguf")
+                flags = FLAGS.get(case_id, []) + (["--fuse-qkv"] if fused else [])
+                run_converter(args.llama_cpp_src, hf, root / f"{spec}-converter.gguf", flags)
+                problems = compare(ours, root / f"{spec}-converter.gguf")
             except Exception as exc:
                 problems = [f"the converter failed: {str(exc).strip().splitlines()[-1] if str(exc).strip() else exc}"]
             failed += bool(problems)
-            results[case_id] = "same" if not problems else "; ".join(problems[:3])
-            print(f"{case_id}: {'same layout' if not problems else f'{len(problems)} difference(s)'}")
+            results[spec] = "same" if not problems else "; ".join(problems[:3])
+            print(f"{spec}: {'same layout' if not problems else f'{len(problems)} difference(s)'}")
             for p in problems[:12]:
                 print(f"    {p}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -151,7 +151,9 @@ def ours(model: Path, up: dict) -> dict:
             logits = loaded.model(mx.array([[step["token"]]]), cache=cache)[0, -1].astype(mx.float32)
         if first_diff is not None:
             first_diff["explained"] = first_diff["our_margin"] <= max(disagreement, 1e-3) * 2
-        completions.append({"prompt": case["prompt"], "agree": agree, "of": len(case["steps"]),
+        completions.append({"prompt": case["prompt"], "prompt_ids": ids,
+                            "llama_server_tokens": [s["token"] for s in case["steps"]],
+                            "agree": agree, "of": len(case["steps"]),
                             "max_logprob_disagreement": disagreement, "first_divergence": first_diff,
                             "text": loaded.tokenizer.decode([s["token"] for s in case["steps"]])})
     return {"architecture": loaded.metadata["architecture"], "model_type": loaded.config["model_type"],

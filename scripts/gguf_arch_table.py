@@ -228,6 +228,7 @@ def render(rows, vocab, templates, real, recorded_templates, layout, models_dir)
             (f"{c['case']}: yes, {c['max_diff']:.1e}, {'same' if c['greedy_equal'] else 'DIFFERENT'}" if c.get("loads")
              else f"{c['case']}: NO ({c.get('error')})") for c in cases) or "not tested"
         layouts = [f"{c['case']}: {layout.get(c['case'], 'not checked')}" for c in cases]
+        layouts += [f"{k}: {v}" for k, v in layout.items() if ":" in k and k.split(":")[0] in {c["case"] for c in cases}]
         toks = []
         for pre in fam["pre"]:
             toks.append(f"{pre}: {vocab[pre]} llama.cpp cases" if pre in vocab else f"{pre}")

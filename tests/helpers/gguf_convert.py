@@ -570,13 +570,16 @@ def hf_state(hf_dir: Path) -> dict[str, np.ndarray]:
 
 
 def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32, extra_kv: dict | None = None,
-            drop: tuple[str, ...] = (), pre: str = "gpt-2", write_as: str | None = None) -> Path:
+            drop: tuple[str, ...] = (), pre: str = "gpt-2", write_as: str | None = None,
+            fuse_qkv: bool = False) -> Path:
     """The GGUF of the checkpoint in ``hf_dir`` as llama.cpp's converter writes architecture
     ``arch`` (tensors as F32, or ``qtype`` for matrices whose rows allow it). For the refusal
     tests: ``extra_kv`` adds (or overrides) metadata (``{arch}.`` keys as ``name -> value``; ints,
     floats, bools, strings), ``drop`` leaves out tensors whose GGUF name contains one of the
     fragments, ``pre`` names the pre-tokenizer, ``write_as`` labels the file (general.architecture
-    and the metadata prefix) as another architecture than the one it is laid out as."""
+    and the metadata prefix) as another architecture than the one it is laid out as; ``fuse_qkv``
+    is the converter's ``--fuse-qkv`` (q, k and v rows stacked into ``attn_qkv``, after the q/k
+    permutation)."""
     from gguf import quants
 
     config = json.loads((hf_dir / "config.json").read_text())
@@ -602,11 +605,20 @@ def convert(hf_dir: Path, out: Path, arch: str, *, qtype: Q = Q.F32, extra_kv: d
     state = TENSOR_CHANGES.get(arch, lambda s, c: s)(state, config)
     state.update(dict(EXTRA_TENSORS.get(arch, lambda c: ())(config)))
     tmap = TensorNameMap(_ARCH[arch], n_blocks)
+    named = {}
     for name, value in state.items():
         gguf_name = name if name.startswith(("blk.", "token_embd", "output", "rope_")) else tmap.get_name(
             name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
             raise ValueError(f"{arch}: cannot map {name!r}")
+        named[gguf_name] = value
+    if fuse_qkv:
+        for bid in range(n_blocks):
+            for suffix in ("weight", "bias"):
+                parts = [f"blk.{bid}.attn_{p}.{suffix}" for p in "qkv"]
+                if all(p in named for p in parts):
+                    named[f"blk.{bid}.attn_qkv.{suffix}"] = np.concatenate([named.pop(p) for p in parts])
+    for gguf_name, value in named.items():
         if any(fragment in gguf_name for fragment in drop):
             continue
         value = np.ascontiguousarray(value, dtype=np.float32)

@@ -14,6 +14,7 @@ import mlx.core as mx
 import pytest
 import tiny_archs
 
+from mlxcel.engine.gguf.file import read_gguf
 from mlxcel.engine.model.loading import load_model
 
 # long enough to cross the tiny sliding windows (8 tokens) several times
@@ -37,11 +38,26 @@ def _greedy(model, ids: list[int], n: int, cache) -> list[int]:
 
 @pytest.mark.parametrize("case_id", sorted(tiny_archs.CASES))
 def test_gguf_matches_mlx_lm(case_id: str, arch_root: Path):
+    _check(case_id, arch_root)
+
+
+@pytest.mark.parametrize("case_id", ["llama", "qwen2", "gemma3"])
+def test_fused_qkv_gguf_matches_mlx_lm(case_id: str, arch_root: Path):
+    """Files from the converter's ``--fuse-qkv``: one ``attn_qkv`` per layer, read back by rows."""
+    _check(case_id, arch_root, fuse_qkv=True)
+
+
+def _check(case_id: str, arch_root: Path, **convert) -> None:
     from mlx_lm.models.cache import make_prompt_cache
 
     case = tiny_archs.CASES[case_id]
-    hf_dir = tiny_archs.build(case, arch_root / case_id, seed=11)
-    path = gguf_convert.convert(hf_dir, arch_root / f"{case_id}.gguf", case.gguf_arch)
+    hf_dir = arch_root / case_id
+    if not (hf_dir / "config.json").exists():
+        tiny_archs.build(case, hf_dir, seed=11)
+    tag = "-".join([case_id, *sorted(convert)])
+    path = gguf_convert.convert(hf_dir, arch_root / f"{tag}.gguf", case.gguf_arch, **convert)
+    if convert.get("fuse_qkv"):
+        assert "blk.0.attn_qkv.weight" in read_gguf(path).tensors
     ours = load_model(path)
     ref = tiny_archs.reference_model(case, hf_dir)
     assert ours.metadata["architecture"] == case.gguf_arch
