@@ -250,7 +250,25 @@ def render(rows, vocab, templates, real, recorded_templates, layout, models_dir)
         specs = "; ".join(f"{k}: {v}" for k, v in spec.items()) or "—"
         lines.append(f"| `{arch}` | {fam['models']} | {classes} | {'; '.join(layouts)} | {logits} | "
                      f"{'; '.join(toks) or '—'} | {'; '.join(temps)} | {specs} |")
-    lines += ["", "## Real files against llama-server", "",
+    lines += ["", "## Known differences from llama-server", "",
+              "- `gemma2`: mlx-lm's gemma2 attends over the whole context; llama.cpp uses a 4096-token sliding window on "
+              "every other layer. The two are the same computation up to the window, so a Gemma 2 file is served with "
+              "its context capped at the window (a warning says so at load).",
+              "- `phi3` LongRoPE: mlx-lm rotates with the long factors at every length, as llama-server does with its "
+              "default context (the trained one); llama-server started with `-c` at or below the original context "
+              "would use the short factors.",
+              "- Speculation on recurrent layers (`lfm2`, `qwen3next`, `qwen35`, `qwen35moe`): a rejected draft needs the "
+              "recurrent state rewound, which mlxcel refuses rather than approximates; on sliding-window layers "
+              "(`gemma3`, `gemma3n`, `gpt-oss`, `olmo2` with OLMo 3's windows) a draft model's own cache cannot rewind "
+              "once the window has wrapped. The speculation column shows where each happens on the tiny models "
+              "(windows of 8 tokens; real windows are 512-4096).",
+              "- Gemma 3 and 3n scale the embeddings by sqrt(hidden) rounded to bfloat16 in mlx-lm (as in the reference "
+              "implementation); llama.cpp uses the exact value. The real-file comparison below includes that.",
+              "- A GGUF's MTP / NextN layers (Qwen3-Next, Qwen3.5) are not run: `--draft-kind mtp` reads them from a "
+              "Hugging Face checkpoint.",
+              "- Quantized weights are dequantized to the compute dtype except Q4_0 / Q4_1 / Q8_0 matrices on a GPU "
+              "(the CPU kernel work changes this); the resident size is logged at load.", "",
+              "## Real files against llama-server", "",
               "`scripts/compare_gguf_llama_server.py` (llama-server built from the pinned llama.cpp sources, "
               "`-t 1 -np 1`): `/tokenize` over a battery of texts with and without `add_special`, and greedy "
               "continuations of five prompts (16 tokens) on llama-server's own prompt ids. Where the two first "
