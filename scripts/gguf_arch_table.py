@@ -262,7 +262,7 @@ def render(rows, vocab, templates, real, recorded_templates, layout, models_dir)
               "(`gemma3`, `gemma3n`, `gpt-oss`, `olmo2` with OLMo 3's windows) a draft model's own cache cannot rewind "
               "once the window has wrapped. The speculation column shows where each happens on the tiny models "
               "(windows of 8 tokens; real windows are 512-4096).",
-              "- Gemma 3 and 3n scale the embeddings by sqrt(hidden) rounded to bfloat16 in mlx-lm (as in the reference "
+              "- Gemma 3 scales the embeddings by sqrt(hidden) rounded to bfloat16 in mlx-lm (as in the reference "
               "implementation); llama.cpp uses the exact value. The real-file comparison below includes that.",
               "- A GGUF's MTP / NextN layers (Qwen3-Next, Qwen3.5) are not run: `--draft-kind mtp` reads them from a "
               "Hugging Face checkpoint.",
