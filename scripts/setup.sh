@@ -24,6 +24,17 @@ if [ "$(uname -s)" = "Linux" ] && [ ! -e /usr/lib/x86_64-linux-gnu/libopenblas.s
   fi
 fi
 
+# The web-page tests drive a real headless Chromium: Debian's package (tests skip, saying so, without it).
+if [[ ",$EXTRAS," == *",test,"* ]] && [ "$(uname -s)" = "Linux" ] && [ ! -x /usr/bin/chromium ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq || true
+    $SUDO apt-get install -y -qq chromium >/dev/null || echo "setup: could not install chromium; the web-page tests will skip" >&2
+  else
+    echo "setup: install chromium at /usr/bin/chromium for the web-page tests" >&2
+  fi
+fi
+
 sum=$(cat pyproject.toml scripts/setup.sh | cksum | cut -d' ' -f1)
 stamp="$VENV/.mlxcel-setup-$sum-${EXTRAS//,/-}"
 if [ ! -f "$stamp" ]; then

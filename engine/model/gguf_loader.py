@@ -28,10 +28,15 @@ from mlxcel.engine.gguf.metadata import ArchMetadata
 from mlxcel.engine.gguf.tensors import QuantizedWeight, concat_rows, dequantize_numpy, permute_rows, to_mlx
 from mlxcel.engine.gguf.tokenizer import build_tokenizer
 from mlxcel.engine.gguf.weight_plan import plan_weights
+from mlxcel.engine.model.encoder_only import refuse_encoder_only
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform import device
 
 log = logging.getLogger(__name__)
+
+# a rank (classifier) head's tensors (cls.weight, cls.bias, cls.output.weight, ...): not part of the
+# mlx-lm model; kept in LoadedModel.metadata["classifier_tensors"] for engine.embedding.rank_head
+CLASSIFIER = "cls."
 
 
 def load_gguf(path: str | Path) -> LoadedModel:
@@ -49,6 +54,7 @@ def load_gguf(path: str | Path) -> LoadedModel:
 def _load(path: Path) -> LoadedModel:
     gguf_file = read_gguf(path)
     meta = gguf_file.metadata
+    refuse_encoder_only(meta.get("general.architecture"), str(path), gguf=True)
     arch, spec = architecture(meta, str(path))
     tokenizer, ids = build_tokenizer(meta, str(path))
     tensors = TensorIndex({name: info.shape for name, info in gguf_file.tensors.items()},
@@ -79,6 +85,14 @@ def _load(path: Path) -> LoadedModel:
             "tensor_types": _type_counts(gguf_file),
             "tokenizer_pre": meta.get("tokenizer.ggml.pre"),
             "weight_bytes": resident,
+            # what embeddings, rerank and infill read: special-token ids (the FIM roles among them),
+            # the pooling the converter chose, the rerank prompt, and the classifier head's tensors
+            "token_ids": {k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.") and k.endswith("_id")},
+            "pooling_type": meta.get(f"{arch}.pooling_type"),
+            "rerank_template": meta.get("tokenizer.chat_template.rerank"),
+            "add_sep": bool(meta.get("tokenizer.ggml.add_sep_token", False)),
+            "classifier_tensors": {name: to_mlx(info, keep_quantized=False, dtype=device.compute_dtype())
+                                   for name, info in gguf_file.tensors.items() if name.startswith(CLASSIFIER)},
         },
     )
 

@@ -17,6 +17,7 @@ from mlx_lm.utils import load as mlx_lm_load
 
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.config_file import read_config_json
+from mlxcel.engine.model.encoder_only import refuse_encoder_only
 from mlxcel.engine.model.gguf_loader import load_gguf
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform import device
@@ -103,6 +104,7 @@ def load_model(
 def load_mlx_dir(path: Path, check_config: Callable[[Path, dict], None] | None = None) -> LoadedModel:
     """An MLX or Hugging Face checkpoint directory (config.json + safetensors + tokenizer), via mlx-lm."""
     config = read_config_json(path, f"{path} has no config.json; not a model directory")
+    refuse_encoder_only(config.get("model_type"), str(path), gguf=False)
     if check_config is not None:
         check_config(path, config)
     try:

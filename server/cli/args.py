@@ -141,6 +141,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
         raise ArgumentError("-to/--timeout must be a positive number of seconds")
     if config.ctx_size < 0:
         raise ArgumentError("-c/--ctx-size must be >= 0 (0 = the model's own context length)")
+    check_surface(config)
     gcp_environment(config, env)
     if config.reasoning is not None:
         text = config.reasoning.lower()
@@ -158,6 +159,15 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
         except ValueError as exc:
             raise ArgumentError(f"--chat-template-kwargs must be a JSON object: {exc}") from None
     return config
+
+
+def check_surface(config: ServerConfig) -> None:
+    """The directories the slot-file and static-file flags name must exist, as upstream requires."""
+    for flag, value in (("--slot-save-path", config.slot_save_path), ("--path", config.static_path)):
+        if value and not os.path.isdir(value):
+            raise ArgumentError(f"{flag}: not a directory: {value}")
+    if config.pooling is not None and config.pooling not in ("none", "mean", "cls", "last", "rank"):
+        raise ArgumentError(f"--pooling: invalid value {config.pooling!r} (none, mean, cls, last or rank)")
 
 
 def usage() -> str:

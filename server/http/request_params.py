@@ -273,6 +273,7 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         spec_n_max=(req.speculative_n_max if req.speculative_n_max is not None else req.speculative_ngram_size_m),
         spec_n_min=req.speculative_n_min,
         spec_stochastic=req.speculative_stochastic_accept,
+        draft_flags=bool(req.mlxcel_draft_flags),
         speculative_types=defaults.speculative_types,
         echo=echo,
     )

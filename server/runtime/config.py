@@ -87,6 +87,14 @@ class ServerConfig:
     max_prompt_tokens: int = 0
     max_queue: int | None = None  # None: MLXCEL_MAX_QUEUE, else 256
     cache_prompt: bool = True
+    spm_infill: bool = False  # /infill: suffix before prefix
+    slot_save_path: str | None = None  # --slot-save-path: where POST /slots/:id saves and restores
+    static_path: str | None = None  # --path: serve this directory's files at / instead of the web page
+    ui: bool = True  # --ui / --no-ui: the web page at /
+    embeddings: bool = False  # --embeddings: the embedding routes
+    reranking: bool = False  # --reranking: the rerank routes (rank pooling)
+    pooling: str | None = None  # --pooling; None: the model's own
+    embd_normalize: int = 2  # --embd-normalize: the default of a request's embd_normalize
     slot_prompt_similarity: float = 0.1
     log_disable: bool = False
     log_file: str | None = None

@@ -34,7 +34,8 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
 from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
@@ -48,9 +49,10 @@ from mlxcel.server.runtime.kv_pool import KvPool, exceeded
 from mlxcel.server.runtime.metrics import Metrics
 from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
 from mlxcel.server.runtime.speculation import Speculation
-from mlxcel.server.runtime.task import Failed, Final, GenerationOptions, Task
+from mlxcel.server.runtime.task import Deferred, Failed, Final, GenerationOptions, Job, Task
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Scheduler:
@@ -78,8 +80,9 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self.eos_ids = set(loaded.eos_token_ids)
         self.vocab_size = loaded.vocab_size
-        self._inbox: queue.Queue[Task | None] = queue.Queue()
+        self._inbox: queue.Queue[Task | Job | None] = queue.Queue()
         self._pending: deque[Task] = deque()
+        self._jobs: deque[Job] = deque()
         self._batch = DecodeBatch(loaded.model)
         self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
         self.faults = FaultPlan.from_env()
@@ -137,6 +140,25 @@ class Scheduler:
         self.submit(task)
         return TaskHandle(task, events)
 
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the engine thread between two steps and return what it returns (or raise
+        what it raises). ``fn`` may raise ``task.Deferred`` to be run again after the next step."""
+        if self._stopping or self._draining:
+            raise shutting_down()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def settle(value: Any, error: BaseException | None) -> None:
+            if future.done():  # the caller went away
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        self._inbox.put(Job(fn, lambda value, error: loop.call_soon_threadsafe(settle, value, error)))
+        return await future
+
     # -- engine thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -150,11 +172,12 @@ class Scheduler:
                         self._fail(slot, exc)
 
     def _has_work(self) -> bool:
-        return bool(self._pending) or any(s.busy for s in self.slots)
+        return bool(self._pending) or bool(self._jobs) or any(s.busy for s in self.slots)
 
     def _iteration(self) -> None:
         self._drain(block=not self._has_work())
         self._drop_ended()
+        self._run_jobs()
         self._assign()
         self._prefill()
         self._decode()
@@ -165,12 +188,33 @@ class Scheduler:
         except queue.Empty:
             return
         while True:
-            if task is not None:
+            if isinstance(task, Job):
+                self._jobs.append(task)
+            elif task is not None:
                 self._pending.append(task)
             try:
                 task = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_jobs(self) -> None:
+        """Run the queued jobs; one that is deferred waits for the next iteration."""
+        waiting: deque[Job] = deque()
+        while self._jobs:
+            job = self._jobs.popleft()
+            if self._draining:
+                job.done(None, shutting_down())
+                continue
+            try:
+                value = job.run()
+            except Deferred:
+                waiting.append(job)
+                continue
+            except Exception as exc:
+                job.done(None, exc)
+                continue
+            job.done(value, None)
+        self._jobs = waiting
 
     def _ending(self, task: Task, now: float) -> ApiError | None:
         """Why a live task must end now: the server is shutting down, or it passed --timeout."""
@@ -321,8 +365,8 @@ class Scheduler:
                                 run.round_room())
             now = time.perf_counter()
             used = 0
-            for token in result.emitted:
-                run.accept(token, now)
+            for i, token in enumerate(result.emitted):  # the accepted drafts, then the target's own token
+                run.accept(token, now, drafted=i < result.accepted)
                 used += 1
                 if run.done:
                     break

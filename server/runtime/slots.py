@@ -94,6 +94,7 @@ class SlotRun:
         self.text = ""
         self.sent = 0  # characters of ``text`` already streamed
         self.pending_tokens: list[int] = []
+        self.pending_drafted: list[bool] = []  # per pending token: an accepted draft (not target-sampled)
         self.pending_probs: list[TokenProb] = []
         self.probs: list[TokenProb] = []
         self.stop_type = "none"
@@ -226,14 +227,15 @@ class SlotRun:
                                           history=history, seed=self.seed, first_position=len(history))
         return TokenProb(id=token, value=probs.prob, top=probs.top)
 
-    def accept(self, token: int, now: float) -> None:
+    def accept(self, token: int, now: float, drafted: bool = False) -> None:
         """Record a sampled token: update text, check EOS / stop strings / limits, stream what is
-        safe to stream."""
+        safe to stream. ``drafted``: the token is an accepted draft of a verify round."""
         if not self.generated:
             self.t_prefill_end = now
         self.t_last = now
         self.generated.append(token)
         self.pending_tokens.append(token)
+        self.pending_drafted.append(drafted)
         if self.budget is not None:
             self.budget.accept(token)
         if token in self.eos_ids and not self.opts.sampler.ignore_eos:
@@ -292,9 +294,11 @@ class SlotRun:
         text = self.text[self.sent:end]
         self.sent = end
         self.task.sink(Partial(text=text, tokens=self.pending_tokens, probs=self.pending_probs,
+                               drafted=self.pending_drafted,
                                n_predicted=len(self.generated),
                                timings=self.timings() if self.opts.timings_per_token else None))
         self.pending_tokens = []
+        self.pending_drafted = []
         self.pending_probs = []
 
     def fail(self, error: ApiError) -> None:

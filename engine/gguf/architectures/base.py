@@ -197,9 +197,10 @@ class Architecture:
         are loaded (e.g. tie the output head to the embeddings when the file has no head)."""
 
     def is_ignored(self, name: str, config: dict) -> bool:
-        """A tensor in the file that no parameter needs: known extras, and the appended
-        next-token-prediction blocks (mlxcel does not run a GGUF's MTP head)."""
-        if name in self.ignored:
+        """A tensor in the file that no parameter needs: known extras, a reranker's classifier
+        head (``cls.*``), and the appended next-token-prediction blocks (mlxcel does not run a
+        GGUF's MTP head)."""
+        if name in self.ignored or name.startswith("cls."):  # a rank head: engine.embedding reads it
             return True
         block = _BLOCK.match(name)
         return block is not None and int(block.group(1)) >= config["num_hidden_layers"]

@@ -203,6 +203,8 @@ CASES = {
                                              "draft_rounds", 0)),
     "speculative.ngram_min_hits": refused("speculative.ngram_min_hits", 3),
     "timings.draft_n": body_has("/completion", SAMPLED, lambda b: "timings" in b),
+    "mlxcel_draft_flags": streamed({**SAMPLED, "mlxcel_draft_flags": True},
+                                   lambda raw: b'"mlxcel_draft_flags": [' in raw or b'"mlxcel_draft_flags":[' in raw),
     "model": body_has("/completion", {**SAMPLED, "model": "anything"}, lambda b: True),
     **{name: refused(name, "x") for name in (
         "chat_format", "chat_parser", "generation_prompt", "parse_tool_calls", "preserved_tokens", "grammar_lazy",
