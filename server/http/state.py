@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.limits import Limits
 from mlxcel.server.http.request_params import ServerDefaults
+from mlxcel.server.http.response_store import ResponseStore
 from mlxcel.server.http.template_caps import TemplateInfo, ThinkMarkers
 from mlxcel.server.http.token_text import TokenText
 from mlxcel.server.http.tool_calls import CallSyntax
@@ -40,6 +41,7 @@ class ServerState:
     limits: Limits = field(default_factory=Limits)
     n_params: int = 0  # counted at load time, so no MLX call happens on the event loop
     piece_chars: int = 0  # longest vocabulary piece, for prompts.least_tokens
+    responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's stored responses
 
     @property
     def ready(self) -> bool:
