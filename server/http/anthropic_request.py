@@ -33,8 +33,7 @@ IMAGE_REFUSAL = ("image input is not supported: mlxcel-server serves text models
 _BILLING_STAMP = re.compile(r"^(x-anthropic-billing-header:.*?cch=)[0-9a-zA-Z]{5};")
 # Anthropic fields read here; every other field of the body goes through to the chat request
 _CONSUMED = ("model", "messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice", "thinking",
-             "metadata", "service_tier", "container", "mcp_servers", "context_management", "output_format",
-             "stop", "n", "n_cmpl", "messages")
+             "metadata", "service_tier", "container", "mcp_servers", "context_management", "output_format")
 
 
 def _system_text(system: Any) -> str | None:
@@ -204,9 +203,13 @@ def translate(body: dict, *, count_only: bool = False) -> dict:
         raise invalid("messages: Input should be a valid list")
     if not messages:
         raise invalid("messages: at least one message is required")
-    for name in ("mcp_servers", "container"):
+    for name, what in (("mcp_servers", "no server-side tools"), ("container", "no server-side tools"),
+                       ("context_management", "no server-side context editing")):
         if body.get(name):
-            raise invalid(f"{name}: not supported by mlxcel-server (no server-side tools)")
+            raise invalid(f"{name}: not supported by mlxcel-server ({what})")
+    for name in ("n", "n_cmpl"):
+        if body.get(name) not in (None, 1):
+            raise invalid(f"{name}: a message has one output; ask for one completion")
     stops = body.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)):
         raise invalid("stop_sequences: must be an array of strings")

@@ -319,3 +319,18 @@ def test_anthropic_errors_take_anthropic_shape(claude, server):
     assert r.status_code == 400 and "image input is not supported" in r.json()["error"]["message"]
     r = httpx.post(server.url + "/v1/messages", json={"max_tokens": 5, "messages": []}, headers={"x-api-key": "no"})
     assert r.status_code == 401
+
+
+def test_every_field_the_record_calls_refused_is_a_400_naming_it(server):
+    from mlxcel.server.cli.compat_api_fields import API_FIELDS
+
+    values = {"truncation": "auto", "top_logprobs": 3, "conversation": "conv_1", "prompt": {"id": "pmpt_1"}, "n": 2,
+              "mcp_servers": [{"type": "url", "url": "http://x"}], "container": "c",
+              "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}
+    refused = [(api, field) for api, field, state, _ in API_FIELDS if state == "refused"]
+    assert len(refused) >= 8
+    for api, field in refused:
+        base = {"input": QUESTION} if api == "responses" else {"max_tokens": 5, "messages": [
+            {"role": "user", "content": QUESTION}]}
+        r = post(server, "/v1/responses" if api == "responses" else "/v1/messages", {**base, field: values[field]})
+        assert r.status_code == 400 and field in r.json()["error"]["message"], (api, field, r.text)
