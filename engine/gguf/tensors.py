@@ -12,6 +12,11 @@ one bias per group), so on a GPU they stay quantized without any loss:
 MLX packs element k into bits 4 (k mod 8) of word k / 8, so the nibbles are re-ordered.)
 Every other type (K-quants, Q5_*, IQ*, BF16) is dequantized with the ``gguf`` package's
 reference numpy code, in float32, then cast to the compute dtype.
+
+On a CPU with mlxcel's kernels (``to_packed``), quantized matrices instead stay in their own
+blocks, re-laid out for the kernels (``engine/platform/qmatmul.py``): Q4_0, Q4_1, Q8_0, Q4_K, Q5_K
+and Q6_K exactly; any other quantized type is re-packed to Q8_0 (dequantized, then quantized to
+8 bits per block of 32: the nearest format the kernels run, not bit-exact; the loader logs it).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from gguf import quants
 
 from mlxcel.engine.errors import UnsupportedQuantError
 from mlxcel.engine.gguf.file import TensorInfo
+from mlxcel.engine.platform import qmatmul
+from mlxcel.engine.platform.qmatmul import PackedWeight
 
 GROUP_SIZE = 32
 AFFINE_BLOCK_TYPES = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8}
@@ -97,6 +104,25 @@ def to_mlx(info: TensorInfo, *, keep_quantized: bool, dtype: mx.Dtype) -> mx.arr
     if info.qtype == Q.F16 and dtype == mx.float16 or info.qtype == Q.F32 and dtype == mx.float32:
         return mx.array(info.data)
     return mx.array(dequantize_numpy(info)).astype(dtype)
+
+
+FLOAT_TYPES = {Q.F32, Q.F16, Q.BF16, Q.F64}
+PACKED_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+
+
+def packable(info: TensorInfo) -> bool:
+    """Whether ``to_packed`` takes this tensor: a quantized matrix (float tensors stay float)."""
+    return len(info.shape) == 2 and info.qtype not in FLOAT_TYPES and info.shape[-1] % GROUP_SIZE == 0
+
+
+def to_packed(info: TensorInfo) -> tuple[PackedWeight, bool]:
+    """A quantized matrix in the CPU kernels' packed layout, and whether it was re-packed to Q8_0
+    (a type the kernels do not run as stored)."""
+    n, k = info.shape
+    if info.qtype in PACKED_TYPES:
+        return qmatmul.pack_gguf(np.ascontiguousarray(info.data), int(info.qtype), n, k), False
+    raw = quants.quantize(dequantize_numpy(info), Q.Q8_0)
+    return qmatmul.pack_gguf(raw, int(Q.Q8_0), n, k), True
 
 
 def llama_qk_rows(n_rows: int, n_head: int) -> np.ndarray:

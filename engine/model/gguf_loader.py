@@ -3,7 +3,8 @@
 Steps, top to bottom in ``load_gguf``: parse the header (``gguf_file``), map metadata to an
 mlx-lm config (``gguf_config``), rebuild the tokenizer (``gguf_tokenizer``), convert tensors
 (``gguf_tensors``: undo the llama q/k row permutation, keep Q4_0/Q4_1/Q8_0 quantized on a GPU,
-dequantize everything else to the compute dtype), then build mlx-lm's model class, quantize the
+keep every quantized matrix packed on a CPU with mlxcel's kernels, dequantize everything else to
+the compute dtype), then build mlx-lm's model class, quantize (or swap in packed modules for) the
 modules whose weights arrived quantized, and load the weights strictly.
 """
 
@@ -26,14 +27,23 @@ from mlxcel.engine.gguf.tensors import (
     dequantize_numpy,
     hf_name,
     llama_qk_rows,
+    packable,
     permute_rows,
     to_mlx,
+    to_packed,
 )
 from mlxcel.engine.gguf.tokenizer import build_tokenizer
+from mlxcel.engine.model.encoder_only import refuse_encoder_only
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform import device
+from mlxcel.engine.platform.packed_modules import install_packed
+from mlxcel.engine.platform.qmatmul import PackedWeight
 
 log = logging.getLogger(__name__)
+
+# a rank (classifier) head's tensors (cls.weight, cls.bias, cls.output.weight, ...): not part of the
+# mlx-lm model; kept in LoadedModel.metadata["classifier_tensors"] for engine.embedding.rank_head
+CLASSIFIER = "cls."
 
 
 def load_gguf(path: str | Path) -> LoadedModel:
@@ -51,6 +61,7 @@ def load_gguf(path: str | Path) -> LoadedModel:
 def _load(path: Path) -> LoadedModel:
     gguf_file = read_gguf(path)
     meta = gguf_file.metadata
+    refuse_encoder_only(meta.get("general.architecture"), str(path), gguf=True)
     arch, spec = architecture(meta, str(path))
     tokenizer, ids = build_tokenizer(meta, str(path))
     vocab_size = _vocab_size(gguf_file)
@@ -77,6 +88,14 @@ def _load(path: Path) -> LoadedModel:
             "file_type": meta.get("general.file_type"),
             "tensor_types": _type_counts(gguf_file),
             "tokenizer_pre": meta.get("tokenizer.ggml.pre"),
+            # what embeddings, rerank and infill read: special-token ids (the FIM roles among them),
+            # the pooling the converter chose, the rerank prompt, and the classifier head's tensors
+            "token_ids": {k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.") and k.endswith("_id")},
+            "pooling_type": meta.get(f"{arch}.pooling_type"),
+            "rerank_template": meta.get("tokenizer.chat_template.rerank"),
+            "add_sep": bool(meta.get("tokenizer.ggml.add_sep_token", False)),
+            "classifier_tensors": {name: to_mlx(info, keep_quantized=False, dtype=device.compute_dtype())
+                                   for name, info in gguf_file.tensors.items() if name.startswith(CLASSIFIER)},
         },
     )
 
@@ -95,15 +114,18 @@ def _type_counts(gguf_file: GGUFFile) -> dict[str, int]:
     return counts
 
 
-def convert_weights(gguf_file: GGUFFile, config: dict, *, permute_qk: bool) -> dict[str, mx.array | QuantizedWeight]:
+def convert_weights(gguf_file: GGUFFile, config: dict, *,
+                    permute_qk: bool) -> dict[str, mx.array | QuantizedWeight | PackedWeight]:
     """Every model tensor under its mlx-lm name, in the device's representation."""
     keep = device.keep_quantized_weights()
+    pack = device.cpu_kernels()
+    repacked: dict[str, int] = {}
     dtype = device.compute_dtype()
     q_rows = llama_qk_rows(config["num_attention_heads"] * config["head_dim"], config["num_attention_heads"])
     k_rows = llama_qk_rows(config["num_key_value_heads"] * config["head_dim"], config["num_key_value_heads"])
     out: dict[str, mx.array | QuantizedWeight] = {}
     for name, info in gguf_file.tensors.items():
-        if name in NON_PARAMETER_TENSORS:
+        if name in NON_PARAMETER_TENSORS or name.startswith(CLASSIFIER):
             continue
         target = hf_name(name)
         if target is None:
@@ -113,15 +135,27 @@ def convert_weights(gguf_file: GGUFFile, config: dict, *, permute_qk: bool) -> d
             info = permute_rows(info, q_rows)
         elif permute_qk and ".attn_k." in name:
             info = permute_rows(info, k_rows)
-        out[target] = to_mlx(info, keep_quantized=keep and name.endswith(".weight"), dtype=dtype)
+        if pack and name.endswith(".weight") and packable(info):
+            out[target], changed = to_packed(info)
+            if changed:
+                repacked[info.type_name] = repacked.get(info.type_name, 0) + 1
+        else:
+            out[target] = to_mlx(info, keep_quantized=keep and name.endswith(".weight"), dtype=dtype)
+    if repacked:
+        log.info("%s: the CPU kernels do not run %s as stored; re-packed to Q8_0 (dequantized and quantized "
+                 "again to 8 bits per block of 32, not bit-exact)", gguf_file.path.name,
+                 ", ".join(f"{n} {t} tensor{'s' if n > 1 else ''}" for t, n in sorted(repacked.items())))
     return out
 
 
-def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight], source: str) -> nn.Module:
+def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight | PackedWeight], source: str) -> nn.Module:
     """mlx-lm's model class for ``config`` holding ``weights`` (quantized modules where the
-    weights are ``QuantizedWeight``)."""
+    weights are ``QuantizedWeight``, packed ones where they are ``PackedWeight``)."""
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
+    packed = {name[: -len(".weight")]: w for name, w in weights.items() if isinstance(w, PackedWeight)}
+    if packed:
+        install_packed(model, packed)
     quantized = {name[: -len(".weight")]: w for name, w in weights.items() if isinstance(w, QuantizedWeight)}
     if quantized:
         nn.quantize(
@@ -136,6 +170,8 @@ def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight], so
         if isinstance(w, QuantizedWeight):
             stem = name[: -len(".weight")]
             flat += [(name, w.weight), (f"{stem}.scales", w.scales), (f"{stem}.biases", w.biases)]
+        elif isinstance(w, PackedWeight):
+            flat.append((f"{name[: -len('.weight')]}.packed", w.packed))
         else:
             flat.append((name, w))
     try:

@@ -1,6 +1,8 @@
 """The server's OpenAPI 3.1 document (``GET /openapi.json``): every route mlxcel implements, with
 request bodies taken from the pydantic models the routes validate with (``schema.py``) and the
-response bodies and error shapes they send.
+response bodies and error shapes they send. Routes that need a flag or a capable model (``/infill``
+without FIM tokens, embeddings, rerank, slot files) answer 501 on the plain server the fuzz tests
+start, so they are left out; their own tests cover them.
 
 The routes read raw bodies (to answer malformed JSON with upstream's messages), so FastAPI cannot
 derive this document itself; it is written here, and ``tests/server/http/test_fuzz.py`` holds the live

@@ -11,9 +11,7 @@ import pytest
 from server_process import ServerProcess, capture_names, load_capture, sse_events
 
 # Documented divergences (compat/llama-server/*/request_fields.json, routes.json):
-REFUSED_400 = {  # upstream honours these; mlxcel has no grammar engine / mirostat, and refuses clearly
-    "completion_grammar", "completion_json_schema", "chat_response_format_schema", "completion_mirostat",
-}
+REFUSED_400 = {"completion_mirostat"}  # upstream honours it; mlxcel has no mirostat, and refuses clearly
 BAD_ROLE = {"err_messages_bad_role", "err_chat_stream_bad_role"}  # upstream 500; bad input is a 400 here
 # the official APIs' bodies: every key upstream sends, with its type, and the official API's further keys
 OFFICIAL_SHAPE = {"anthropic_messages", "responses"}
