@@ -77,7 +77,8 @@ API_FIELDS: list[tuple[str, str, str, str]] = [
     ("messages", "model", "ignored", "the loaded model answers, as upstream"),
     ("messages", "mcp_servers", "refused", "400: no server-side tools"),
     ("messages", "container", "refused", "400: no server-side tools"),
-    ("messages", "context_management", "refused", "400: no server-side context editing"),
+    ("messages", "context_management", "ignored", "no server-side context editing: the conversation is rendered "
+     "as sent"),
     ("messages", "chat_template_kwargs", "supported", "as upstream"),
     ("messages", CHAT_FIELDS, "divergent", "goes through to the chat request (seed, logit_bias...); upstream keeps "
      "only temperature, top_p, top_k, stream and chat_template_kwargs"),

@@ -203,13 +203,15 @@ def translate(body: dict, *, count_only: bool = False) -> dict:
         raise invalid("messages: Input should be a valid list")
     if not messages:
         raise invalid("messages: at least one message is required")
-    for name, what in (("mcp_servers", "no server-side tools"), ("container", "no server-side tools"),
-                       ("context_management", "no server-side context editing")):
+    for name in ("mcp_servers", "container"):
         if body.get(name):
-            raise invalid(f"{name}: not supported by mlxcel-server ({what})")
+            raise invalid(f"{name}: not supported by mlxcel-server (no server-side tools)")
     for name in ("n", "n_cmpl"):
         if body.get(name) not in (None, 1):
             raise invalid(f"{name}: a message has one output; ask for one completion")
+    for name in ("logprobs", "top_logprobs", "n_probs"):  # chat fields that would pass through unread
+        if body.get(name) not in (None, 0, False):
+            raise invalid(f"{name}: log probabilities are not implemented on /v1/messages")
     stops = body.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list) or not all(isinstance(s, str) for s in stops)):
         raise invalid("stop_sequences: must be an array of strings")

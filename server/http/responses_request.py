@@ -160,7 +160,9 @@ def input_messages(value: Any) -> list[dict]:
         if kind == "message":
             role = item.get("role")
             if role in ("user", "system", "developer"):
-                messages.append({"role": role, "content": _text_parts(item.get("content"), where, output=False)})
+                content = item.get("content")
+                messages.append({"role": role, "content": content if isinstance(content, str) else
+                                 _text_parts(content, where, output=False)})
             elif role == "assistant":
                 text = "".join(p["text"] for p in _text_parts(item.get("content", ""), where, output=True))
                 target = assistant()
@@ -265,8 +267,9 @@ def _refuse_unsupported(body: dict) -> None:
             raise invalid(f"Field '{name}': {why}")
     if body.get("truncation") not in (None, "disabled"):
         raise invalid("Field 'truncation': only 'disabled' is supported (a prompt over the context is refused)")
-    if body.get("top_logprobs") not in (None, 0):
-        raise invalid("Field 'top_logprobs': log probabilities are not implemented on /v1/responses")
+    for name in ("top_logprobs", "logprobs", "n_probs"):  # the last two: chat fields that would pass through
+        if body.get(name) not in (None, 0, False):
+            raise invalid(f"Field '{name}': log probabilities are not implemented on /v1/responses")
     for name in ("n", "n_cmpl"):
         if body.get(name) not in (None, 1):
             raise invalid(f"Field '{name}': a response has one output; ask for one completion")
