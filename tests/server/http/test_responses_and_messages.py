@@ -58,6 +58,7 @@ NO_CALL = {"<tool_call>": -100}
 PLAIN = {"<tool_call>": -100, "<think>": -100}
 KEY = "sk-test-key"
 QUESTION = "What is the weather in Paris?"
+FAULT = "engine-fails-here"  # the engine raises on a prompt holding this (MLXCEL_FAULT_INJECT)
 
 OAI_TOOL = {"type": "function", "name": "get_weather", "description": "The weather in a city",
             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
@@ -70,7 +71,7 @@ def server(checkpoints_root):
     model = scripted_model.build_scripted_checkpoint(checkpoints_root / "scripted-apis", TEMPLATE,
                                                      [CALL, THINK, ANSWER], BRANCHES)
     proc = ServerProcess("-m", str(model), "-c", "1024", "-np", "2", "--temp", "0", "--api-key", KEY,
-                         "--spec-type", "ngram-simple")
+                         "--spec-type", "ngram-simple", env={"MLXCEL_FAULT_INJECT": f"prefill:{FAULT}"})
     yield proc
     proc.stop()
 
@@ -91,6 +92,18 @@ def post(server, path, body, key=KEY):
 
 def bias(tokens):
     return {"logit_bias": tokens}
+
+
+def named_events(server, path, body) -> list[tuple[str, dict]]:
+    """(event name, data) of each event of a stream."""
+    r = httpx.post(server.url + path, json={**body, "stream": True}, headers={"x-api-key": KEY}, timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"] == "text/event-stream", r.text
+    out = []
+    for frame in r.text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in frame.splitlines())
+        out.append((lines["event"], json.loads(lines["data"])))
+    assert all(name == data["type"] for name, data in out)
+    return out
 
 
 # -- Responses ---------------------------------------------------------------------------------
@@ -333,3 +346,17 @@ def test_every_field_the_record_calls_refused_is_a_400_naming_it(server):
             {"role": "user", "content": QUESTION}]}
         r = post(server, "/v1/responses" if api == "responses" else "/v1/messages", {**base, field: values[field]})
         assert r.status_code == 400 and field in r.json()["error"]["message"], (api, field, r.text)
+
+
+def test_an_engine_failure_ends_each_api_in_its_own_shape(server, oai):
+    events = named_events(server, "/v1/responses", {"input": FAULT})
+    assert [name for name, _ in events] == ["response.created", "response.in_progress", "error", "response.failed"]
+    failed = events[-1][1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    assert oai.responses.retrieve(failed["id"]).status == "failed"
+    events = named_events(server, "/v1/messages", {"max_tokens": 5, "messages": [{"role": "user", "content": FAULT}]})
+    assert [name for name, _ in events] == ["message_start", "ping", "error"]
+    assert events[-1][1]["error"]["type"] == "api_error"
+    r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": KEY},
+                   json={"max_tokens": 5, "messages": [{"role": "user", "content": FAULT}]}, timeout=60)
+    assert r.status_code == 500 and r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error"
