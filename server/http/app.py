@@ -19,7 +19,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.gate import GateMiddleware
 from mlxcel.server.http.limits import BodyRefused, Limits
-from mlxcel.server.http.routes import completions, embeddings, info, slot_actions, tokens, unsupported, webui
+from mlxcel.server.http.routes import (
+    anthropic,
+    completions,
+    embeddings,
+    info,
+    responses,
+    slot_actions,
+    tokens,
+    unsupported,
+    webui,
+)
 from mlxcel.server.http.routes.gcp import add_gcp_routes
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.startup import load_into
@@ -29,7 +39,7 @@ from mlxcel.server.runtime.errors import ApiError, invalid, not_found_body
 
 log = logging.getLogger(__name__)
 
-ROUTE_MODULES = (info, unsupported, tokens, completions, slot_actions, embeddings)
+ROUTE_MODULES = (info, unsupported, tokens, completions, slot_actions, embeddings, responses, anthropic)
 
 
 def create_app(config: ServerConfig, loader: Callable[[], LoadedModel] | None = None) -> FastAPI:

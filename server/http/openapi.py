@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlxcel.server.http import openapi_apis
 from mlxcel.server.http.schema import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from mlxcel.server.runtime.errors import ERROR_STATUS
 
@@ -128,6 +129,7 @@ def document() -> dict[str, Any]:
             "type": "object", "required": ["input_tokens", "object"],
             "properties": {"input_tokens": {"type": "integer"}}}, False),
     }
+    paths.update(openapi_apis.paths(ERROR))  # the Responses and Anthropic Messages routes
     return {
         "openapi": "3.1.0",
         "info": {"title": "mlxcel-server", "version": "1",

@@ -9,6 +9,7 @@ from mlxcel.engine.model.fim_tokens import FimTokens
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.limits import Limits
 from mlxcel.server.http.request_params import ServerDefaults
+from mlxcel.server.http.response_store import ResponseStore
 from mlxcel.server.http.template_caps import TemplateInfo, ThinkMarkers
 from mlxcel.server.http.token_text import TokenText
 from mlxcel.server.http.tool_calls import CallSyntax
@@ -44,6 +45,7 @@ class ServerState:
     piece_chars: int = 0  # longest vocabulary piece, for prompts.least_tokens
     fim: FimTokens | None = None  # the model's fill-in-the-middle tokens (/infill)
     embedder: Embedder | None = None  # --embeddings / --reranking
+    responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's stored responses
 
     @property
     def ready(self) -> bool:

@@ -11,12 +11,6 @@ from mlxcel.server.runtime.errors import not_supported
 
 # upstream routes mlxcel does not implement (yet): (methods, what the 501 says)
 NOT_IMPLEMENTED = {
-    "/v1/messages": (("POST",), "the Anthropic Messages API is not implemented in mlxcel-server yet"),
-    "/v1/messages/count_tokens": (("POST",), "the Anthropic Messages API is not implemented in mlxcel-server yet"),
-    "/v1/responses": (("POST",), "the OpenAI Responses API is not implemented in mlxcel-server yet"),
-    "/responses": (("POST",), "the OpenAI Responses API is not implemented in mlxcel-server yet"),
-    "/v1/responses/input_tokens": (("POST",), "the OpenAI Responses API is not implemented in mlxcel-server yet"),
-    "/responses/input_tokens": (("POST",), "the OpenAI Responses API is not implemented in mlxcel-server yet"),
     "/v1/chat/completions/control": (("POST",), "mlxcel-server has no control channel into a running completion"),
     "/v1/audio/transcriptions": (("POST",), "mlxcel-server serves text models only: there is no audio input"),
     "/audio/transcriptions": (("POST",), "mlxcel-server serves text models only: there is no audio input"),

@@ -18,7 +18,8 @@ import tiny_gguf
 from gguf import GGMLQuantizationType as Q
 
 from mlxcel.engine.gguf.file import read_gguf
-from mlxcel.engine.gguf.tensors import PACKED_TYPES, affine_triplet, dequantize_numpy, hf_name, llama_qk_rows
+from mlxcel.engine.gguf.names import gguf_name
+from mlxcel.engine.gguf.tensors import PACKED_TYPES, affine_triplet, dequantize_numpy, llama_qk_rows
 from mlxcel.engine.model.loading import default_model_path, load_model
 from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.packed_modules import PackedEmbedding, PackedLinear
@@ -80,7 +81,8 @@ def _assert_packed_matches(gguf_path: Path, floats) -> None:
     dequantizes to the float path's weights bitwise (types the kernels run as stored) or within
     Q8_0's rounding (re-packed types), and the logits follow within the 8-bit activations' error."""
     packed = load_model(gguf_path)
-    stored = {hf_name(name): info.qtype for name, info in read_gguf(gguf_path).tensors.items()}
+    file = read_gguf(gguf_path)
+    blocks = int(file.metadata[f"{file.architecture}.block_count"])
     modules = dict(packed.model.named_modules())
     reference = dict(floats.model.named_modules())
     seen = 0
@@ -90,7 +92,8 @@ def _assert_packed_matches(gguf_path: Path, floats) -> None:
         seen += 1
         got = qmatmul.dequantize(module.weight_spec)
         want = reference[path].weight
-        if stored[f"{path}.weight"] in PACKED_TYPES:
+        stored = file.tensors[gguf_name(file.architecture, blocks, f"{path}.weight")].qtype
+        if stored in PACKED_TYPES:
             assert mx.array_equal(got, want), path
         else:  # re-packed to Q8_0: half a step of 8-bit rounding per block of 32, plus the f16 step size
             step = mx.abs(want.reshape(want.shape[0], -1, 32)).max(-1, keepdims=True) / 127
