@@ -13,6 +13,13 @@ tokens of the sequence it still lacks, apart from the pending last one, are *owe
 fed at the head of the next proposal. Invariant between rounds:
 ``offset + len(owed) == len(sequence) - 1 == the target cache length``. A fully accepted block
 is the case that leaves something owed: its last proposal.
+
+A draft model with recurrent layers (a small Qwen3.5 or LFM2 drafting for a larger one) cannot
+drop tokens from those layers, so the drafter marks their states after every forward
+(``decode.recurrent.StateMarks``; the states are held by reference, so this is free) and the
+trim restores the mark at the kept length. Every length a trim can go back to was marked: the
+first forward of a proposal feeds the whole committed sequence, and each later forward is one
+draft.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import mlx.core as mx
 
 from mlxcel.drafters.draws import DraftDraws, draw_draft
 from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.decode.recurrent import StateMarks, has_recurrent_state
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.chain import SamplerChain
@@ -58,6 +66,7 @@ class DraftModelDrafter(Drafter):
         self.owed: list[int] = []
         self.chain: SamplerChain | None = None
         self.seed = 0
+        self.marks: StateMarks | None = None  # the recurrent layers' states per length (a hybrid draft model)
 
     @property
     def offset(self) -> int:
@@ -67,6 +76,7 @@ class DraftModelDrafter(Drafter):
         """Begin drafting for ``sequence`` (its last token pending): nothing is cached yet, so
         everything before the pending token is owed and is prefilled by the first proposal."""
         self.cache = self.draft.make_cache()
+        self.marks = StateMarks(self.cache) if has_recurrent_state(self.cache) else None
         self.tokens = []
         self.owed = [int(t) for t in sequence[:-1]]
         self.chain = SamplerChain(params, vocab_size=self.draft.vocab_size,
@@ -98,7 +108,9 @@ class DraftModelDrafter(Drafter):
         keep = min(limit, len(sequence) - accepted - 1)
         while keep < limit and self.tokens[keep] == int(sequence[keep]):
             keep += 1
-        rewind(self.cache, len(self.tokens) - keep)
+        rewind(self.cache, len(self.tokens) - keep, self.marks)
+        if self.marks is not None:
+            self.marks.rewound(len(self.tokens) - keep)
         del self.tokens[keep:]
         self.owed = [int(t) for t in sequence[keep:target_len]]
 
@@ -111,6 +123,8 @@ class DraftModelDrafter(Drafter):
             if i + self.prefill_step < len(tokens):
                 mx.eval([c.state for c in self.cache])
         self.tokens.extend(tokens)
+        if self.marks is not None:
+            self.marks.mark(len(self.tokens))
         return logits
 
     def _draw(self, logits: mx.array, history: list[int], position: int) -> tuple[int, mx.array | None]:

@@ -23,6 +23,8 @@ from mlxcel.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
 from mlxcel.drafters.lookup.governor import GovernedPromptLookupDrafter
 from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
 from mlxcel.drafters.mtp.drafter import MtpDrafter
+from mlxcel.drafters.mtp.gemma4_assistant import Gemma4AssistantDrafter
+from mlxcel.drafters.mtp.structure import is_gemma4_assistant
 from mlxcel.drafters.registry import (
     DRAFT_MODEL,
     MTP_LOOP,
@@ -108,6 +110,8 @@ def load_model_drafter(path: str | Path | None, kind: DrafterKind | None = None,
     """The model-based drafter a checkpoint describes (DFlash, DSpark or Muse Glimmer assistant by
     structure; for the MTP kinds the target's own layers or a NextN assistant), loaded, not bound."""
     if kind is not None and kind.loop == MTP_LOOP:
+        if path and is_gemma4_assistant(read_drafter_config(path)):
+            return Gemma4AssistantDrafter.load(path)
         if target is None:
             raise ValueError("an MTP drafter is read against its target")
         return MtpDrafter.load(target.path, path, prefill_step=prefill_step)

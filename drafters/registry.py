@@ -268,7 +268,8 @@ def _checked(kind: DrafterKind, structure: DrafterKind | None, draft_model: str 
     if draft_hf and not draft_model:
         raise DrafterChoiceError("an MTP assistant is read from a local directory: pass -md DIR")
     if draft_model and structure is not MTP:
-        what = f"a {structure.name} drafter checkpoint" if structure else "not a NextN MTP assistant checkpoint"
+        what = (f"a {structure.name} drafter checkpoint" if structure
+                else "not a NextN MTP assistant or Gemma 4 assistant checkpoint")
         raise DrafterChoiceError(f"--spec-type draft-mtp: {draft_model} is {what}; pass an MTP assistant to -md, "
                                  "or no -md to use the target's own MTP layers")
     return MTP if draft_model else INTERNAL_MTP

@@ -35,7 +35,13 @@ from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.drafter import ModelDrafter
 from mlxcel.engine.speculative.proposal import Proposal
-from mlxcel.engine.speculative.target_features import TargetFeatures, embed, head_logits, inner_model
+from mlxcel.engine.speculative.target_features import (
+    TargetFeatures,
+    embed,
+    final_norm,
+    head_logits,
+    inner_model,
+)
 
 
 class DFlashDrafter(ModelDrafter):
@@ -78,7 +84,7 @@ class DFlashDrafter(ModelDrafter):
         if bad:
             raise ModelLoadError(f"the {self.kind} drafter reads target layers {list(self.feature_layers)}, but the "
                                  f"target has {n_layers} layers")
-        norm_weight = getattr(inner.norm, "weight", None)  # never quantized, unlike the embedding table
+        norm_weight = getattr(final_norm(target_model), "weight", None)  # never quantized, unlike the embedding table
         width = int(norm_weight.shape[-1]) if norm_weight is not None else None
         if width is not None and width != self.spec.hidden_size:
             raise ModelLoadError(f"the {self.kind} drafter's hidden size {self.spec.hidden_size} does not match the "

@@ -32,13 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 
 from mlxcel.drafters.draws import DraftDraws, draw_draft
 from mlxcel.drafters.mtp.checkpoint import MtpCheckpoint, load_mtp, reload_mtp
 from mlxcel.drafters.mtp.head import MtpHead
 from mlxcel.engine.decode.kv_cache import rewind
-from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.drafter import ModelDrafter
@@ -79,10 +77,6 @@ class MtpDrafter(ModelDrafter):
     def bind(self, target_model: Any) -> None:
         if self._bound_to is target_model:
             return
-        if any(isinstance(c, ArraysCache) for c in make_prompt_cache(target_model)):
-            raise ModelLoadError("the target has recurrent (linear-attention) layers whose state cannot be rewound "
-                                 "exactly, so it cannot be verified speculatively; its MTP layers load but are "
-                                 "not served")
         if not self.checkpoint.modules:  # released by an earlier bind: read them again
             self.checkpoint = reload_mtp(self.checkpoint)
         self.head = MtpHead(self.checkpoint, target_model)

@@ -30,14 +30,15 @@ from mlx_lm.utils import dequantize_model
 
 from mlxcel.drafters.mtp.checkpoint import EMBEDDING_FIRST, MtpCheckpoint, MtpModuleWeights
 from mlxcel.engine.errors import ModelLoadError
-from mlxcel.engine.speculative.target_features import head_logits, inner_model
+from mlxcel.engine.speculative.target_features import final_norm, head_logits, inner_model
 
 
 def attention_layer(model: nn.Module) -> nn.Module:
     """A full-attention decoder layer of the target to copy (hybrid models also have
     linear-attention layers; an MTP layer is always full attention)."""
     for layer in reversed(list(model.layers)):
-        if hasattr(layer, "self_attn") and not getattr(layer, "is_linear", False):
+        if hasattr(layer, "self_attn") and not getattr(layer, "is_linear", False) \
+                and getattr(layer, "is_attention_layer", True):
             return layer
     raise ModelLoadError(f"{type(model).__module__}: the target has no full-attention layer to build "
                          "the MTP decoder layer from")
@@ -94,9 +95,10 @@ class MtpHead:
         self.embed_tokens = inner.embed_tokens
         self.chain_normed = checkpoint.chain_normed
         self.layout, self.source, self.path = checkpoint.layout, checkpoint.source, checkpoint.path
-        dtype = inner.norm.weight.dtype
+        norm_weight = final_norm(target_model).weight
+        dtype = norm_weight.dtype
         hidden = checkpoint.hidden_size
-        target_hidden = int(inner.norm.weight.shape[0])
+        target_hidden = int(norm_weight.shape[0])
         if hidden != target_hidden:
             raise ModelLoadError(f"{checkpoint.path}: MTP hidden size {hidden} does not match the target's "
                                  f"{target_hidden}")

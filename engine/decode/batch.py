@@ -26,15 +26,25 @@ import mlx.core as mx
 _PLAIN_HEAD_TYPES = {"llama", "qwen2", "qwen3", "mistral", "smollm3"}
 
 
+def plain_head(model) -> bool:
+    """Whether ``model``'s forward is exactly ``head(model.model(x))`` (see ``_PLAIN_HEAD_TYPES``)."""
+    return getattr(model, "model_type", None) in _PLAIN_HEAD_TYPES and hasattr(model, "model")
+
+
+def last_row_head(model, hidden: mx.array) -> mx.array:
+    """A plain-head model's logits ``[V]`` for the last row of its final hidden states ``[1, T, H]``."""
+    hidden = hidden[:, -1:, :]
+    if getattr(model.args, "tie_word_embeddings", False):
+        return model.model.embed_tokens.as_linear(hidden)[0, -1]
+    return model.lm_head(hidden)[0, -1]
+
+
 def _last_position_logits(model, x: mx.array, cache: list[Any]) -> mx.array:
     """Logits of the last position only. mlx-lm's models project every position of a chunk onto
     the vocabulary; on a 49k-token vocabulary that is a large share of a prompt's compute, so for
     plain-head architectures the head is applied to the last hidden state alone."""
-    if getattr(model, "model_type", None) in _PLAIN_HEAD_TYPES and hasattr(model, "model"):
-        hidden = model.model(x, cache)[:, -1:, :]
-        if getattr(model.args, "tie_word_embeddings", False):
-            return model.model.embed_tokens.as_linear(hidden)[0, -1]
-        return model.lm_head(hidden)[0, -1]
+    if plain_head(model):
+        return last_row_head(model, model.model(x, cache))
     return model(x, cache=cache)[0, -1]
 
 

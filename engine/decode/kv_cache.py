@@ -19,23 +19,30 @@ When a rewind is exact, per cache kind:
   temporal order on top of a full window (what a speculative verify round needs to drop its
   rejected drafts). Anything else would need evicted tokens back, so it is refused.
 - ``ChunkedKVCache``: only back to the start of its current chunk.
-- ``ArraysCache`` (SSM / linear-attention state): never; the state is a running summary
-  that cannot be un-applied. Rewinding by 0 is always allowed.
+- ``ArraysCache`` (SSM / linear-attention state): the state is a running summary that cannot be
+  un-applied, so only with a ``recurrent.StateTape`` of the forward that added the tokens being
+  dropped (what a speculative verify round records); without one, never. Rewinding by 0 is always
+  allowed.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import mlx.core as mx
 from mlx_lm.models.cache import (
     ArraysCache,
     CacheList,
     ChunkedKVCache,
     ConcatenateKVCache,
+    QuantizedKVCache,
     RotatingKVCache,
 )
 
 from mlxcel.engine.errors import CacheRewindError
+
+if TYPE_CHECKING:
+    from mlxcel.engine.decode.recurrent import StateTape
 
 
 def _leaves(cache: list[Any]) -> list[Any]:
@@ -61,7 +68,7 @@ def cache_length(cache: list[Any]) -> int:
     return lengths.pop()
 
 
-def _refusal(c: Any, n: int) -> str | None:
+def _refusal(c: Any, n: int, tape: StateTape | None = None) -> str | None:
     """Why one layer's cache cannot drop its last ``n`` tokens exactly, or None if it can."""
     offset = getattr(c, "offset", None)
     if offset is not None and n > offset:
@@ -76,7 +83,9 @@ def _refusal(c: Any, n: int) -> str | None:
             return f"the rewind crosses a chunk boundary at position {c.start_position}"
         return None
     if isinstance(c, ArraysCache):
-        return "recurrent state cannot be rewound"
+        if tape is not None and tape.covers(c, n):
+            return None
+        return "recurrent state cannot be rewound (no record of the forward that added those tokens)"
     if offset is None:
         return f"{type(c).__name__} does not track token positions"
     return None
@@ -93,17 +102,18 @@ def _recent_in_order(c: RotatingKVCache, n: int) -> bool:
     return kept >= c.max_size or kept == c.offset - n  # a full window stays, or nothing was evicted
 
 
-def can_rewind(cache: list[Any], n: int) -> bool:
-    """Whether ``rewind(cache, n)`` would succeed."""
+def can_rewind(cache: list[Any], n: int, tape: StateTape | None = None) -> bool:
+    """Whether ``rewind(cache, n, tape)`` would succeed."""
     if n < 0:
         return False
     if n == 0:
         return True
-    return all(_refusal(c, n) is None for c in _leaves(cache))
+    return all(_refusal(c, n, tape) is None for c in _leaves(cache))
 
 
-def rewind(cache: list[Any], n: int) -> None:
-    """Drop the last ``n`` tokens from every layer, exactly, in place.
+def rewind(cache: list[Any], n: int, tape: StateTape | None = None) -> None:
+    """Drop the last ``n`` tokens from every layer, exactly, in place. Recurrent layers need the
+    ``tape`` of the forward that added those tokens (``recurrent.StateTape``).
 
     Raises ``CacheRewindError`` (leaving the cache untouched) when any layer cannot."""
     if n < 0:
@@ -112,11 +122,13 @@ def rewind(cache: list[Any], n: int) -> None:
         return
     leaves = _leaves(cache)
     for i, c in enumerate(leaves):
-        why = _refusal(c, n)
+        why = _refusal(c, n, tape)
         if why is not None:
             raise CacheRewindError(f"cannot rewind the KV cache by {n} tokens: layer {i} {why}")
     for c in leaves:
-        if isinstance(c, ConcatenateKVCache):
+        if isinstance(c, ArraysCache):
+            tape.rewind_layer(c, n)
+        elif isinstance(c, ConcatenateKVCache):
             c.offset -= n
             c.keys = c.keys[..., : c.offset, :]
             c.values = c.values[..., : c.offset, :]
@@ -134,3 +146,27 @@ def rewind(cache: list[Any], n: int) -> None:
             c._idx = c.offset
         else:
             c.trim(n)
+
+
+def read_keys_values(c: Any) -> tuple[mx.array, mx.array, int]:
+    """What one attention layer's cache holds, for a reader that attends to it (a drafter reading
+    the target's cache): ``(keys, values, first_position)``, keys/values ``[B, heads, n, d]`` in
+    temporal order (a rotating cache that wrapped is unrolled, as mlx-lm orders it before a
+    multi-token forward), the entry ``j`` being the token at absolute position ``first_position + j``."""
+    if c.keys is None:
+        raise CacheRewindError("the cache is empty")
+    if isinstance(c, RotatingKVCache):
+        keys, values = _temporal(c, c.keys), _temporal(c, c.values)
+    elif isinstance(c, QuantizedKVCache):
+        raise CacheRewindError("a quantized KV cache cannot be read as keys and values")
+    else:
+        keys, values = c.keys[..., : c.offset, :], c.values[..., : c.offset, :]
+    return keys, values, int(c.offset) - int(keys.shape[2])
+
+
+def _temporal(c: RotatingKVCache, v: mx.array) -> mx.array:
+    if c._idx == v.shape[2]:
+        return v
+    if c._idx < c.offset:  # wrapped: the oldest entries sit after the write index
+        return mx.concatenate([v[..., : c.keep, :], v[..., c._idx:, :], v[..., c.keep : c._idx, :]], axis=2)
+    return v[..., : c._idx, :]

@@ -93,6 +93,10 @@ class ModelDrafter(Drafter):
     ``probe_gated``: the verify round consults the block-versus-chain exactness probe
     (``exactness_probe``) before it scores a block in one forward. ``declared_block`` is the most
     drafts the network proposes per round (its checkpoint's block), the default round size.
+    ``reads_target_cache``: the drafter attends to the target's own KV cache (the Gemma 4 MTP
+    assistant): right before every proposal the round hands it the cache (:meth:`read_target_cache`),
+    which then holds exactly the committed tokens; the drafter only reads it
+    (``decode.kv_cache.read_keys_values``).
     """
 
     kind = "model"
@@ -100,6 +104,7 @@ class ModelDrafter(Drafter):
     argmax_verify = True
     probe_gated: bool = True
     feature_layers: tuple[int, ...] = ()
+    reads_target_cache: bool = False
 
     @property
     @abstractmethod
@@ -113,6 +118,9 @@ class ModelDrafter(Drafter):
     @abstractmethod
     def observe_target(self, features: TargetFeatures) -> None:
         """The target's cache gained ``features.length`` tokens; these are their features, in order."""
+
+    def read_target_cache(self, cache: list[Any]) -> None:
+        """The target's cache, holding the committed tokens, for the proposal that follows (read only)."""
 
     def probe_widths(self, k: int) -> tuple[int, ...]:
         """Verify widths (rows) the exactness probe must clear, besides the block's own, before a

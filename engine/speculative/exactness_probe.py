@@ -15,9 +15,10 @@ the same context into two fresh caches, then the block in one forward into one a
 token into the other, and compare the logits bitwise. When the target has sliding-window
 (rotating) caches the first draw's context is longer than the largest window, so the comparison
 covers the wrapped-window case too (the other draws stay short: a probe runs once per width, but
-on a 2048-token window every long draw is two long prefills). The verdict is memoized per (model, width); a failing verdict is logged
-once, and the round loop then verifies drafted blocks token by token ("chain decoding"), which
-is exact by construction.
+on a 2048-token window every long draw is two long prefills). On a cache with recurrent layers
+the block forward goes through the ``decode.recurrent.StateTape`` recording a verify round uses.
+The verdict is memoized per (model, width); a failing verdict is logged once, and the round loop
+then verifies drafted blocks token by token ("chain decoding"), which is exact by construction.
 
 ``MLXCEL_EXACTNESS_PROBE`` injects a verdict instead (for tests and measurement): ``auto``
 (default: run the probe), ``pass`` (treat every width as exact: block verify), ``fail`` (treat
@@ -28,12 +29,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
+from mlxcel.engine.decode.recurrent import StateTape
 from mlxcel.engine.speculative.switches import PROBE_ENV, probe_mode
 
 log = logging.getLogger(__name__)
@@ -84,7 +87,9 @@ def probe(model: Any, width: int, *, vocab_size: int, draws: int = PROBE_DRAWS,
         one, chain = make_cache(), make_cache()
         model(mx.array([context]), cache=one)
         model(mx.array([context]), cache=chain)
-        together = model(mx.array([block]), cache=one)[0]
+        tape = StateTape.for_cache(model, one)  # verify rounds forward a block this way on recurrent layers
+        with tape.recording() if tape is not None else nullcontext():
+            together = model(mx.array([block]), cache=one)[0]
         apart = mx.concatenate([model(mx.array([[t]]), cache=chain)[0] for t in block], axis=0)
         same = bool(mx.array_equal(together, apart).item())
         if not same:
@@ -94,9 +99,10 @@ def probe(model: Any, width: int, *, vocab_size: int, draws: int = PROBE_DRAWS,
 
 
 def block_verdict(model: Any, width: int, *, vocab_size: int, make_cache: Callable[[], list[Any]] | None = None,
-                  environ: Mapping[str, str] | None = None) -> ProbeVerdict:
+                  environ: Mapping[str, str] | None = None, quiet: bool = False) -> ProbeVerdict:
     """The memoized verdict for (``model``, ``width``); the first failing verdict per pair is
-    logged (a warning: this path verifies token by token from now on)."""
+    logged (a warning: this path verifies token by token from now on) unless ``quiet`` (the caller
+    reports it)."""
     mode = probe_mode(environ)
     if mode != "auto":
         return ProbeVerdict(width, mode == "pass", 0.0, 0, "env")
@@ -106,6 +112,8 @@ def block_verdict(model: Any, width: int, *, vocab_size: int, make_cache: Callab
         return hit[1]
     verdict = probe(model, width, vocab_size=vocab_size, make_cache=make_cache)
     _verdicts[key] = (model, verdict)  # the model is held so its id cannot be reused
+    if quiet:
+        return verdict
     if verdict.exact:
         log.info("Exactness probe: %s; drafted blocks are verified in one forward", verdict.describe())
     else:
@@ -118,3 +126,45 @@ def forget(model: Any | None = None) -> None:
     """Drop memoized verdicts (of one model, or all)."""
     for key in [k for k, (m, _) in _verdicts.items() if model is None or m is model]:
         del _verdicts[key]
+
+
+def verify_widths(drafter: Any, n_max: int) -> list[int]:
+    """Every verify width (rows: the pending token and the drafts) a probe-gated drafter can use with
+    blocks of up to ``n_max`` drafts: a round near the end of a generation asks for fewer drafts, so
+    every block from one draft up, and whatever else the drafter declares (``probe_widths``)."""
+    widths = {k + 1 for k in range(1, max(1, n_max) + 1)}
+    for k in range(1, max(1, n_max) + 1):
+        widths.update(int(w) for w in drafter.probe_widths(k))
+    return sorted(w for w in widths if w >= 2)
+
+
+def probe_at_load(model: Any, drafter: Any, n_max: int, *, vocab_size: int,
+                  environ: Mapping[str, str] | None = None) -> str:
+    """Probe every width ``drafter`` can verify at (``verify_widths``) now, before any request, so
+    no request's timings include a probe; return the one line that says what was found."""
+    widths = verify_widths(drafter, n_max)
+    verdicts = [block_verdict(model, w, vocab_size=vocab_size, environ=environ, quiet=True) for w in widths]
+    block = [v.width for v in verdicts if v.exact]
+    chain = [v.width for v in verdicts if not v.exact]
+    if verdicts and verdicts[0].source == "env":
+        how = f"forced by {PROBE_ENV}"
+    else:
+        worst = max((v.max_abs_diff for v in verdicts), default=0.0)
+        how = f"{PROBE_DRAWS} draws per width" + (f", largest |block - chain| logit difference {worst:.3g}" if chain else "")
+    return (f"Exactness probe at load for the {getattr(drafter, 'kind', 'model')} drafter, verify widths "
+            f"{_ranges(widths)} ({how}): blocks verified in one forward at {_ranges(block) or 'none'}, "
+            f"token by token (chain decoding) at {_ranges(chain) or 'none'}")
+
+
+def _ranges(values: list[int]) -> str:
+    out, run = [], []
+    for v in sorted(values):
+        if run and v == run[-1] + 1:
+            run.append(v)
+            continue
+        if run:
+            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+        run = [v]
+    if run:
+        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    return ",".join(out)

@@ -8,8 +8,8 @@ A :class:`SpeculativeSession` owns everything per-sequence that is not the targe
   session drafts nothing and every round is a plain step under the plain sampler, so the stream
   is exactly plain sampling, never the drafter's greedy chain;
 * feature priming: a model-based drafter is bound to the target and starts with the hidden states
-  of the whole context, taken from the prefill itself (:meth:`prefill`) or from one extra pass
-  (:meth:`prime`);
+  of the whole context, taken from the prefill itself (:meth:`prefill`, or the caller's own
+  prefill handed over with :meth:`adopt`; never a second pass over the prompt);
 * the block policy: each round asks for at most ``n_max`` drafts, leaving room for the round's own
   token, and drafts nothing when fewer than ``n_min`` fit (:meth:`block`);
 * one set of counters (:class:`SpeculativeCounters`), which the CLI's acceptance line
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,7 +122,7 @@ def decline_reason(drafter: Drafter | type[Drafter], params: SamplerParams) -> s
     return None
 
 
-class _PlainSteps(Drafter):
+class PlainSteps(Drafter):
     """What a declined session drafts with: nothing, so every round is one plain decode step."""
 
     kind = "none"
@@ -140,7 +140,7 @@ class _PlainSteps(Drafter):
 class SpeculativeSession:
     """One sequence's speculative decoding: drafter, rule, block policy and counters.
 
-    Life cycle: :meth:`prefill` (or :meth:`prime` when the caller prefilled on its own), then
+    Life cycle: :meth:`prefill` (or :meth:`adopt` when the caller prefilled on its own), then
     :meth:`begin` once the first token is picked, then :meth:`round` and :meth:`record` per round.
 
     Args:
@@ -159,14 +159,15 @@ class SpeculativeSession:
 
     def __init__(self, drafter: Drafter, params: SamplerParams, *, n_max: int, n_min: int = 0,
                  stochastic: bool | None = None, diagnostics: bool = False, kind: str | None = None,
-                 synth_probs: Sequence[float] = (), grammar: GrammarMatcher | None = None):
+                 synth_probs: Sequence[float] = (), grammar: GrammarMatcher | None = None,
+                 declined: str | None = None):
         self.params = params
         self.grammar = grammar
-        reason = decline_reason(drafter, params)
+        reason = declined or decline_reason(drafter, params)
         self.declined_because = reason  # None: the session speculates
         self.declined = reason is not None
         if self.declined:
-            drafter = _PlainSteps()  # the declined drafter is never started, asked or told anything
+            drafter = PlainSteps()  # the declined drafter is never started, asked or told anything
         self.drafter = drafter
         self.n_max = 0 if self.declined else max(0, n_max)
         self.n_min = min(max(0, n_min), self.n_max)
@@ -206,15 +207,14 @@ class SpeculativeSession:
         self._features = prefill_with_features(model, tokens, cache, drafter.feature_layers, step)
         return self._features.logits
 
-    def prime(self, model: Any, context: Sequence[int], make_cache: Callable[[], list[Any]],
-              step: int = DEFAULT_PREFILL_STEP) -> None:
-        """Collect ``context``'s features with one target pass over a fresh cache, for a caller
-        whose own prefill did not keep them (the server's slots reuse cached prompt prefixes).
-        Nothing to do for a drafter that reads no features."""
+    def adopt(self, model: Any, features: TargetFeatures | None) -> None:
+        """The caller prefilled the context itself and kept its features (the server's slots,
+        ``target_features.chunk_with_features``): bind a model-based drafter and hand it those at
+        :meth:`begin`. ``features`` must cover every token the target cache holds."""
         drafter = self.model_drafter
-        if drafter is not None and context:
+        if drafter is not None:
             drafter.bind(model)
-            self._features = prefill_with_features(model, context, make_cache(), drafter.feature_layers, step)
+            self._features = features
 
     def begin(self, sequence: Sequence[int], seed: int) -> None:
         """Start the drafter on ``sequence`` (its last token pending, as between rounds)."""

@@ -9,7 +9,10 @@ each chosen entry of ``model.model.layers`` and ``model.model.norm`` is stood in
 recorder that calls the real module and keeps its output. The logits are therefore the very
 array ``model(tokens, cache=cache)`` computes, bit for bit (the tests pin it), on any mlx-lm
 model laid out as ``model.model.{embed_tokens, layers, norm}`` (llama, qwen2, qwen3, muse
-glimmer, gemma, ...). Written here because mlx-lm has no hidden-state output.
+glimmer, gemma, qwen3_next), with the decoder stack under ``language_model`` (qwen3_5,
+gemma4), or with the final norm named ``embedding_norm`` (lfm2). A decoder layer that returns a
+tuple (gemma4: hidden, shared K/V, offset) is read at its first element. Written here because
+mlx-lm has no hidden-state output.
 
 Also here: what a drafter borrows from its target when it binds (``embed_tokens``, and the head
 that turns a normalised hidden state into logits the way the target does).
@@ -24,6 +27,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxcel.engine.decode.batch import last_row_head, plain_head
 from mlxcel.engine.errors import MlxcelError
 
 
@@ -82,19 +86,48 @@ class TargetFeatures:
         return TargetFeatures(cat([p.logits for p in parts]), {i: cat([p.layers[i] for p in parts]) for i in ids},
                               cat([p.hidden for p in parts]), cat([p.normed for p in parts]))
 
+    def compact(self) -> TargetFeatures:
+        """What a drafter can read, without the logits and the pre-norm hidden states (none reads
+        them after the round that produced them): what a server slot keeps for prompt reuse."""
+        return TargetFeatures(None, dict(self.layers), None, self.normed)
+
     def arrays(self) -> list[mx.array]:
         """Every array held (to evaluate them together)."""
         return [a for a in (self.logits, self.hidden, self.normed, *self.layers.values()) if a is not None]
 
 
+FINAL_NORMS = ("norm", "embedding_norm")  # what mlx-lm's decoder stacks call their last norm
+
+
+def language_model(model: Any) -> Any:
+    """The text model of a multimodal wrapper (``language_model``: qwen3_5, gemma4), else ``model``."""
+    return getattr(model, "language_model", model)
+
+
 def inner_model(model: Any) -> Any:
-    """The decoder stack (``model.model``) holding ``embed_tokens``, ``layers`` and ``norm``."""
-    inner = getattr(model, "model", None)
-    if inner is None or not isinstance(getattr(inner, "layers", None), list) or getattr(inner, "norm", None) is None:
+    """The decoder stack (``model.model``) holding ``embed_tokens``, ``layers`` and the final norm."""
+    inner = getattr(language_model(model), "model", None)
+    if inner is None or not isinstance(getattr(inner, "layers", None), list) or norm_name(inner) is None:
         raise FeaturesUnsupported(
             f"a {type(model).__module__} model has no model.layers / model.norm to read hidden states from; "
             "model-based drafters need a target laid out like mlx-lm's llama/qwen models")
     return inner
+
+
+def norm_name(inner: Any) -> str | None:
+    """The attribute holding the decoder stack's final norm."""
+    return next((n for n in FINAL_NORMS if getattr(inner, n, None) is not None), None)
+
+
+def final_norm(model: Any) -> Any:
+    """The target's final norm module (what turns the last layer's output into the head's input)."""
+    inner = inner_model(model)
+    return getattr(inner, norm_name(inner))
+
+
+def _hidden(output: Any) -> mx.array:
+    """A decoder layer's hidden-state output (gemma4's layers return (hidden, kv, offset))."""
+    return output[0] if isinstance(output, tuple) else output
 
 
 def num_layers(model: Any) -> int:
@@ -128,7 +161,8 @@ def _recording(model: Any, layer_ids: Sequence[int]):
     if bad:
         raise FeaturesUnsupported(f"the drafter reads target layers {bad}, but the target has {n} layers")
     originals = list(inner.layers)
-    original_norm = inner.norm
+    name = norm_name(inner)
+    original_norm = getattr(inner, name)
     recorders = {int(i): _Recorder(originals[int(i)]) for i in layer_ids}
     norm = _Recorder(original_norm, keep_input=True)
     layers = list(originals)
@@ -137,12 +171,12 @@ def _recording(model: Any, layer_ids: Sequence[int]):
     # Item assignment: an mlx Module is a dict of its children, and this keeps the swap (and the
     # restore) off Module.__setattr__'s attribute bookkeeping.
     inner["layers"] = layers
-    inner["norm"] = norm
+    inner[name] = norm
     try:
         yield recorders, norm
     finally:
         inner["layers"] = originals
-        inner["norm"] = original_norm
+        inner[name] = original_norm
 
 
 def forward_with_features(model: Any, tokens: Sequence[int] | mx.array, cache: list[Any],
@@ -154,8 +188,25 @@ def forward_with_features(model: Any, tokens: Sequence[int] | mx.array, cache: l
         x = x[None]
     with _recording(model, layer_ids) as (recorders, norm):
         out = model(x, cache=cache)
-    return TargetFeatures(out[0] if logits else None, {i: r.output[0] for i, r in recorders.items()},
+    return TargetFeatures(out[0] if logits else None, {i: _hidden(r.output)[0] for i, r in recorders.items()},
                           norm.input[0], norm.output[0])
+
+
+def chunk_with_features(model: Any, tokens: Sequence[int], cache: list[Any],
+                        layer_ids: Sequence[int] = ()) -> tuple[mx.array, TargetFeatures]:
+    """One prefill chunk, as ``decode.batch.forward_chunk`` runs it (the last position's logits
+    ``[V]``, computed as that function computes them, so a chunk's first sampled token is the same
+    bits either way), that also returns every position's features (``logits`` None). Both are
+    evaluated, with the cache. What the server's slots prefill with when the request will speculate
+    with a model-based drafter: the drafter's context then comes from the request's own prefill."""
+    x = mx.array([[int(t) for t in tokens]])
+    with _recording(model, layer_ids) as (recorders, norm):
+        out = model(x, cache=cache)
+    features = TargetFeatures(None, {i: _hidden(r.output)[0] for i, r in recorders.items()}, norm.input[0],
+                              norm.output[0])
+    logits = last_row_head(model, norm.output) if plain_head(model) else out[0, -1]
+    mx.eval(logits, [c.state for c in cache], features.arrays())
+    return logits, features
 
 
 def prefill_with_features(model: Any, tokens: Sequence[int], cache: list[Any], layer_ids: Sequence[int] = (),
@@ -188,15 +239,16 @@ def embed(model: Any, tokens: Sequence[int] | mx.array) -> mx.array:
 def head_logits(model: Any, normed: mx.array) -> mx.array:
     """Logits from normalised hidden states, as the target's own head computes them: ``lm_head``
     or the tied embedding, then the output multiplier and logit soft-capping some models apply."""
-    args = getattr(model, "args", None)
-    if hasattr(model, "lm_head"):
-        out = model.lm_head(normed)
+    lm = language_model(model)
+    args = getattr(lm, "args", None)
+    if hasattr(lm, "lm_head"):
+        out = lm.lm_head(normed)
     else:
         out = inner_model(model).embed_tokens.as_linear(normed)
     mult = getattr(args, "output_multiplier", None)
     if mult is not None:
         out = out * mult
-    cap = getattr(args, "final_logit_softcapping", None)
+    cap = getattr(args, "final_logit_softcapping", None) or getattr(lm, "final_logit_softcapping", None)
     if cap:
         out = mx.tanh(out / cap) * cap
     return out

@@ -13,7 +13,9 @@ not yet forwarded. A round
    (``appended=drafts``), with randomness keyed by absolute position;
 4. lets the acceptance rule pick the accepted prefix and the one extra target token;
 5. rewinds the target cache by the rejected drafts (it then holds ``new_sequence[:-1]``) and
-   tells the drafter, which rewinds its own state.
+   tells the drafter, which rewinds its own state. Recurrent layers (Qwen3.5 / Qwen3-Next
+   gated-delta, LFM2 convolutions, ...) are cut back with the ``decode.recurrent.StateTape`` the
+   block forward recorded.
 
 Model-based drafters (``engine.speculative.drafter.ModelDrafter``: DFlash, DSpark, Muse Glimmer assistant,
 MTP) condition on the target's hidden states. For them step 2 also returns those
@@ -41,12 +43,14 @@ round leaves the matcher where it found it: whoever records the emitted tokens a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
 from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.decode.recurrent import StateTape
 from mlxcel.engine.sampling.chain import SamplerChain, sample
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.sampling.random_keys import position_key
@@ -86,6 +90,7 @@ class RoundResult:
     diagnosed: int = 0  # tested positions the two sums cover
     chain_verified: bool = False  # the block was scored one forward per token (the probe failed)
     logits: mx.array | None = None  # the target rows the rule read, [rows, V] (row i: position + i)
+    kept_features: TargetFeatures | None = None  # a model drafter's features of the tokens the cache kept
     grammar_cut: int = 0  # drafts cut before the forward because the grammar forbids the first of them
 
 
@@ -116,6 +121,9 @@ def verify_round(
     otherwise). ``synth_probs`` are the per-position probabilities of the benchmarking-only
     synthetic rule (``acceptance.synthetic_accept``). ``grammar`` constrains the round (module
     docstring); it is left unchanged."""
+    model_drafter = drafter if isinstance(drafter, ModelDrafter) else None
+    if model_drafter is not None and model_drafter.reads_target_cache and k > 0:
+        model_drafter.read_target_cache(cache)
     proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
     proposed = [int(t) for t in proposal.tokens]
     if len(proposed) > k:
@@ -128,7 +136,6 @@ def verify_round(
             if q is not None:
                 forbidden_q, q = q[n], q[:n]
     position = len(sequence)
-    model_drafter = drafter if isinstance(drafter, ModelDrafter) else None
     layers = tuple(model_drafter.feature_layers) if model_drafter is not None else None
     block = [int(sequence[-1]), *drafts]
     if block_exact is None:
@@ -138,9 +145,13 @@ def verify_round(
             widths = sorted({len(block), *model_drafter.probe_widths(k)})
             block_exact = all(block_verdict(model, w, vocab_size=chain.vocab_size).exact for w in widths)
 
+    tape = None
     cut = len(proposed) - len(drafts)
     if block_exact or not drafts:
-        features = _forward(model, block, cache, layers)
+        # a cache with recurrent layers records what it needs to be cut back to the kept prefix
+        tape = StateTape.for_cache(model, cache) if drafts else None
+        with tape.recording() if tape is not None else nullcontext():
+            features = _forward(model, block, cache, layers)
         logits = features.logits
         allowed = None
         if grammar is not None:
@@ -163,9 +174,10 @@ def verify_round(
                   allowed)
 
     kept = outcome.accepted + 1  # the pending token and the accepted drafts
-    rewind(cache, forwarded - kept)
+    rewind(cache, forwarded - kept, tape)
     if model_drafter is not None:
-        model_drafter.observe_target(features.rows(0, kept))
+        result.kept_features = features.rows(0, kept)
+        model_drafter.observe_target(result.kept_features)
     drafter.observe([*sequence, *outcome.emitted], proposal, outcome.accepted)
     return result
 

@@ -23,6 +23,11 @@ class Metrics:
     drafts_total: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts per block position
     per_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [rounds, drafted, accepted]
+    declined: dict[str, int] = field(default_factory=dict)  # reason -> requests the server did not speculate
+
+    def record_declined(self, reason: str) -> None:
+        """A request asked to speculate and the server decoded it plainly (``speculation.DECLINED_*``)."""
+        self.declined[reason] = self.declined.get(reason, 0) + 1
 
     def record_round(self, kind: str, proposed: int, accepted: int) -> None:
         """One speculative verify round (nothing when no draft was verified)."""
@@ -108,4 +113,11 @@ class Metrics:
             out.append(f"# TYPE mlxcel:{name} counter")
             for kind, totals in sorted(self.per_kind.items()):
                 out.append(f'mlxcel:{name}{{draft_kind="{kind}"}} {totals[col]}')
+        if self.declined:
+            name = "spec_decode_declined_total"
+            out.append(f"# HELP mlxcel:{name} Speculative: requests decoded plainly although a drafter is loaded, "
+                       "per reason")
+            out.append(f"# TYPE mlxcel:{name} counter")
+            for reason, n in sorted(self.declined.items()):
+                out.append(f'mlxcel:{name}{{reason="{reason}"}} {n}')
         return "\n".join(out) + "\n"

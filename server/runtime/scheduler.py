@@ -42,18 +42,20 @@ import mlx.core as mx
 
 from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
 from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
+from mlxcel.engine.decode.recurrent import has_recurrent_state
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar import GrammarError
 from mlxcel.engine.sampling.grammar_matcher import allowed_rows, fill_masks, new_matcher
 from mlxcel.engine.sampling.random_keys import resolve_seed
+from mlxcel.engine.speculative.target_features import TargetFeatures, chunk_with_features
 from mlxcel.server.runtime.errors import ApiError, invalid, shutting_down, timed_out, unavailable
 from mlxcel.server.runtime.faults import FaultPlan
 from mlxcel.server.runtime.faults import fail as inject_fault
 from mlxcel.server.runtime.kv_pool import KvPool, exceeded
 from mlxcel.server.runtime.metrics import Metrics
 from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
-from mlxcel.server.runtime.speculation import Speculation
+from mlxcel.server.runtime.speculation import DECLINED_CACHE, Speculation
 from mlxcel.server.runtime.task import Deferred, Failed, Final, GenerationOptions, Job, Task
 
 log = logging.getLogger(__name__)
@@ -281,6 +283,16 @@ class Scheduler:
         prompt = task.prompt_tokens
         reuse = common_prefix(slot.tokens, prompt) if task.options.cache_prompt else 0
         reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, for its logits
+        wants_spec, layers = False, None
+        if self.speculation is not None:
+            reason = self.speculation.declines(task.options)
+            if reason is not None:
+                self.metrics.record_declined(reason)
+            wants_spec = reason is None and self.speculation.asks(task.options)
+            layers = self.speculation.feature_layers
+        if layers is not None:
+            # a model drafter reads the features of every cached token: reuse only what the slot has them of
+            reuse = min(reuse, slot.reusable_features())
         if slot.cache is None or not can_rewind(slot.cache, len(slot.tokens) - reuse):
             slot.cache, slot.tokens, reuse = self.lm.make_cache(), [], 0
         else:
@@ -294,6 +306,10 @@ class Scheduler:
         matcher = new_matcher(grammar, self.lm.tokenizer, self.vocab_size, self.eos_ids) if grammar else None
         slot.run = SlotRun(slot, task, chain, seed, self.lm.tokenizer, self.eos_ids, cache_n=reuse,
                            context_shift=self.context_shift, grammar=matcher)
+        slot.run.wants_spec = wants_spec
+        if layers is not None:
+            slot.run.features = [slot.features.rows(0, reuse)] if reuse else []
+        slot.keep_features(None)
         if self.faults is not None:
             slot.run.fault = self.faults.stage_for(self.lm.tokenizer.decode(prompt))
         slot.last_used = time.perf_counter()
@@ -311,7 +327,11 @@ class Scheduler:
                     return
                 if run.fault == "prefill":
                     inject_fault("prefill")
-                logits = forward_chunk(self.lm.model, chunk, slot.cache)
+                if run.features is not None:  # the prefill keeps what the model drafter reads (no second pass)
+                    logits, part = chunk_with_features(self.lm.model, chunk, slot.cache, self.speculation.feature_layers)
+                    run.features.append(part.compact())
+                else:
+                    logits = forward_chunk(self.lm.model, chunk, slot.cache)
                 run.n_past += len(chunk)
                 slot.tokens.extend(chunk)
                 budget -= len(chunk)
@@ -326,17 +346,28 @@ class Scheduler:
                     run.accept(run.sample(logits), now)
                 if run.done:
                     self._release(slot)
-                elif self.speculation is not None and self.speculation.eligible(run.opts) \
-                        and can_rewind(slot.cache, 1):
+                elif run.wants_spec and self._verifiable(slot.cache):
                     # a speculating row keeps its own cache (see the module docstring)
-                    run.spec = self.speculation.start(run.opts, run.prompt + run.generated, run.seed, self.n_ubatch,
+                    features = TargetFeatures.join(run.features) if run.features is not None else None
+                    run.features = [features] if features is not None else None
+                    run.spec = self.speculation.start(run.opts, run.prompt + run.generated, run.seed, features,
                                                       grammar=run.grammar)
                 else:
+                    if run.wants_spec:
+                        self.metrics.record_declined(DECLINED_CACHE)
+                        log.warning("slot %d: its cache cannot drop rejected drafts now (a wrapped sliding window "
+                                    "or a chunk boundary); this request is decoded plainly", slot.id)
                     self._batch.add(slot.id, slot.cache)
                     slot.cache = None
             except Exception as exc:
                 log.exception("prefill failed in slot %d", slot.id)
                 self._fail(slot, exc)
+
+    @staticmethod
+    def _verifiable(cache) -> bool:
+        """Whether verify rounds can run on ``cache``: its attention layers can drop a rejected draft
+        now, or it has recurrent layers (a verify round records what it needs to cut them back)."""
+        return has_recurrent_state(cache) or can_rewind(cache, 1)
 
     def _decode(self) -> None:
         self._decode_batch()
@@ -380,6 +411,8 @@ class Scheduler:
                     break
             accepted = spec.record(result, used)
             self.metrics.record_round(spec.counters.kind, result.proposed, accepted)
+            if run.features is not None and result.kept_features is not None:
+                run.features.append(result.kept_features.compact())
         except Exception as exc:
             log.exception("verify round failed in slot %d", slot.id)
             run.fail(_as_api_error(exc))
@@ -399,6 +432,7 @@ class Scheduler:
                 self._batch.remove([slot.id])
             if run.spec is not None:
                 run.spec_ended, run.spec = run.spec, None
+            run.features = None
             context = run.shift(self.lm.add_bos)
             cache = self.lm.make_cache()
             body = context[:-1]  # the last token is fed by the next decode step
@@ -476,11 +510,15 @@ class Scheduler:
         slot.tokens = run.cached_tokens()
         if slot.cache is not None and run.spec is not None:
             # a verify round may have forwarded tokens past where the request stopped
-            extra = cache_length(slot.cache) - len(slot.tokens)
+            try:
+                extra = cache_length(slot.cache) - len(slot.tokens)
+            except TypeError:  # a recurrent-only cache counts no positions: keep nothing unverifiable
+                extra = -1
             if extra > 0 and can_rewind(slot.cache, extra):
                 rewind(slot.cache, extra)
             elif extra != 0:
                 slot.cache, slot.tokens = None, []
+        slot.keep_features(TargetFeatures.join(run.features) if run.features and slot.cache is not None else None)
         slot.run = None
         slot.last_used = time.perf_counter()
         if send:

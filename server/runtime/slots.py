@@ -20,6 +20,7 @@ import mlx.core as mx
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.speculative.session import SpeculativeSession
+from mlxcel.engine.speculative.target_features import TargetFeatures
 from mlxcel.server.runtime.detokenizer import IncrementalDetokenizer
 from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.reasoning_budget import ReasoningBudget, forcing_params
@@ -48,6 +49,23 @@ class Slot:
     n_ctx: int
     cache: list[Any] | None = None  # single-sequence cache, when not in the decode batch
     tokens: list[int] = field(default_factory=list)  # tokens whose KV the slot's cache holds
+    # a model-based drafter's features of the tokens ``features_of`` (what the next request's drafter
+    # needs of a reused prefix; kept only on a server with such a drafter)
+    features: TargetFeatures | None = None
+    features_of: list[int] = field(default_factory=list)
+
+    def keep_features(self, features: TargetFeatures | None) -> None:
+        """Keep ``features`` of the first tokens of ``tokens`` (as many as it has rows)."""
+        n = min(features.length, len(self.tokens)) if features is not None else 0
+        self.features = features.rows(0, n) if n else None
+        self.features_of = list(self.tokens[:n])
+
+    def reusable_features(self) -> int:
+        """How many leading cached tokens the kept features are of (0 once ``tokens`` changed under them,
+        e.g. a slot restored from a file)."""
+        if self.features is None or self.tokens[:len(self.features_of)] != self.features_of:
+            return 0
+        return len(self.features_of)
     run: SlotRun | None = None
     last_used: float = 0.0
     last_task: dict = field(default_factory=dict)  # what /slots shows about the last request
@@ -107,6 +125,8 @@ class SlotRun:
         self.t_prefill_end = 0.0
         self.t_last = 0.0
         self.spec: SpeculativeSession | None = None  # while this request speculates
+        self.wants_spec = False  # the request speculates once its prefill is done
+        self.features: list[TargetFeatures] | None = None  # a model drafter's features of every cached token
         self.spec_ended: SpeculativeSession | None = None  # speculated until a context shift (its counters)
         # a constrained request's matcher: advanced over every accepted token; its end ends the request
         self.grammar = grammar

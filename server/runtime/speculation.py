@@ -16,9 +16,15 @@ and ``--spec-default`` (prompt lookup). Blocks:
 * a draft model: ``--spec-draft-n-max`` tokens per round (default 3, as upstream);
 * the model-based drafters: ``--spec-draft-n-max`` or, by default, what the drafter declares
   (DFlash/Muse ``block_size - 1``, DSpark ``block_size``; MTP 3). These read the prompt's hidden
-  states before their first round: a speculating row computes them with one extra target pass
-  over its prompt (the slot's own prefill does not keep them); it runs after the first token is
-  sampled, so its time is in the request's predicted_ms.
+  states before their first round: the slot's own prefill keeps them (``feature_layers``; a slot
+  keeps the features of what its cache holds, for the next request's prefix), so no request runs
+  a second pass over its prompt. The exactness probe runs here, at load, for every verify width
+  the drafter can use, so no request pays for it either.
+
+A target whose recurrent state a verify round cannot restore (``decode.recurrent.unsupported_reason``)
+declines speculation: one warning at startup, and every request it declines is counted
+(``mlxcel:spec_decode_declined_total{reason="target-state"}``), as are sampling requests a
+greedy-only drafter declines (``reason="greedy-only"``).
 
 ``--spec-draft-n-min N``: a block shorter than N is not verified (the row decodes plainly).
 
@@ -36,27 +42,43 @@ import logging
 
 from mlxcel.drafters.loading import DrafterSource, load
 from mlxcel.drafters.registry import DrafterKind
+from mlxcel.engine.decode.recurrent import unsupported_reason
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
+from mlxcel.engine.speculative.exactness_probe import probe_at_load
 from mlxcel.engine.speculative.session import SpeculativeSession, decline_reason
+from mlxcel.engine.speculative.target_features import TargetFeatures
 from mlxcel.server.runtime.speculation_settings import SpeculationSettings
 from mlxcel.server.runtime.task import GenerationOptions
 
 log = logging.getLogger(__name__)
 
+DECLINED_TARGET = "target-state"  # the target's recurrent state cannot be restored after a verify round
+DECLINED_GREEDY_ONLY = "greedy-only"  # a sampling request on a greedy-only drafter
+DECLINED_CACHE = "cache-window"  # the row's cache cannot drop a draft now (a wrapped window, a chunk boundary)
+
+
 class Speculation:
     """A server's drafter setup, loaded: one session per speculating request."""
 
-    def __init__(self, settings: SpeculationSettings, source: DrafterSource, target: LoadedModel):
+    def __init__(self, settings: SpeculationSettings, source: DrafterSource | None, target: LoadedModel,
+                 declined: str | None = None):
         self.settings = settings
         self.source = source
         self.target = target
+        self.declined = declined  # why this target never speculates (None: it does)
 
     @classmethod
     def load(cls, settings: SpeculationSettings, target: LoadedModel, prefill_step: int = 512) -> Speculation:
-        """Load what the drafter needs (at startup, so no request ever pays the disk load)."""
+        """Load what the drafter needs and probe the verify widths it can use (at startup, so no
+        request ever pays the disk load or the probe)."""
         for note in settings.choice.notes:
             log.warning("%s", note)
+        why = unsupported_reason(target.model, target.make_cache)
+        if why is not None:
+            log.warning("Speculation declined for this target: %s. Every request is decoded plainly (counted in "
+                        "mlxcel:spec_decode_declined_total).", why)
+            return cls(settings, None, target, declined=why)
         source = load(settings.choice, target, lookup=settings.lookup, prefill_step=prefill_step)
         declared = source.declared_block
         n_max = declared if settings.n_max is None else settings.n_max
@@ -71,6 +93,10 @@ class Speculation:
                         "accepted at random whatever the target says, so the output is not the target's")
         log.warning("Drafter loaded: %s (block %d, %s); excluded from request timings", source.description, n_max,
                     _rule_note(settings.kind))
+        drafter = source.model_drafter
+        if drafter is not None and drafter.probe_gated:
+            line = probe_at_load(target.model, drafter, n_max, vocab_size=target.vocab_size)
+            log.warning("%s", line)
         return cls(settings, source, target)
 
     @property
@@ -82,33 +108,53 @@ class Speculation:
         """What the timings report: the round loop (``dflash`` for the whole DFlash family)."""
         return self.settings.kind.loop
 
-    def eligible(self, opts: GenerationOptions) -> bool:
-        """Whether a request speculates: not when it asks for token probabilities, nor when its own
-        ``speculative.n_max`` is 0, nor when the session would decline it (a sampling request on a
-        greedy-only drafter: one warning, then the request joins the plain decode batch), nor when its
-        ``speculative.type`` is ``none``."""
-        if opts.n_probs > 0 or opts.spec_type == "none":
-            return False
-        if opts.spec_n_max is not None and opts.spec_n_max <= 0:
-            return False
+    @property
+    def feature_layers(self) -> tuple[int, ...] | None:
+        """The target layers a model-based drafter reads (a prefill keeps their outputs), else None."""
+        drafter = self.source.model_drafter if self.source is not None else None
+        return tuple(drafter.feature_layers) if drafter is not None else None
+
+    def declines(self, opts: GenerationOptions) -> str | None:
+        """Why the server declines to speculate a request that asked for it (a ``DECLINED_*`` reason,
+        logged): the target's state cannot be restored, or a greedy-only drafter got a sampling
+        request. None when it speculates, or when the request itself opted out."""
+        if not self.asks(opts):
+            return None
+        if self.declined is not None:
+            return DECLINED_TARGET
         reason = decline_reason(self.kind.drafter_class(), opts.sampler)
         if reason is not None:
             log.warning("%s", reason)
-            return False
-        return True
+            return DECLINED_GREEDY_ONLY
+        return None
 
-    def start(self, opts: GenerationOptions, sequence: list[int], seed: int, prefill_step: int,
-              grammar: GrammarMatcher | None = None) -> SpeculativeSession:
-        """A started session for a request whose prefill just picked the last token of ``sequence``
-        (``grammar``: the request's matcher when it is constrained)."""
+    def asks(self, opts: GenerationOptions) -> bool:
+        """Whether a request wants speculation: not when it asks for token probabilities, nor when its own
+        ``speculative.n_max`` is 0, nor when its ``speculative.type`` is ``none``."""
+        if opts.n_probs > 0 or opts.spec_type == "none":
+            return False
+        return opts.spec_n_max is None or opts.spec_n_max > 0
+
+    def eligible(self, opts: GenerationOptions) -> bool:
+        """Whether a request speculates (see :meth:`declines`; a declined one joins the plain decode batch)."""
+        return self.asks(opts) and self.declines(opts) is None
+
+    def start(self, opts: GenerationOptions, sequence: list[int], seed: int,
+              features: TargetFeatures | None = None, grammar: GrammarMatcher | None = None) -> SpeculativeSession:
+        """A started session for a request whose prefill just picked the last token of ``sequence``;
+        ``features``: what that prefill kept for a model-based drafter (every token but the last);
+        ``grammar``: the request's matcher when it is constrained."""
         s = self.settings
-        assert s.n_max is not None  # resolved at load
+        assert s.n_max is not None and self.source is not None  # resolved at load
         n_max = min(s.n_max, opts.spec_n_max) if opts.spec_n_max else s.n_max
         n_min = min(n_max, opts.spec_n_min if opts.spec_n_min is not None else s.n_min)
         session = SpeculativeSession(self.source.new(n_min, ngram_max=opts.spec_ngram_max), opts.sampler,
                                      n_max=n_max, n_min=n_min, synth_probs=s.synth_probs,
                                      stochastic=opts.spec_stochastic, kind=self.draft_kind, grammar=grammar)
-        session.prime(self.target.model, sequence[:-1], self.target.make_cache, prefill_step)
+        if session.model_drafter is not None:
+            if features is None or features.length != len(sequence) - 1:
+                raise RuntimeError("a model-based drafter needs the prefill's features of every cached token")
+            session.adopt(self.target.model, features)
         session.begin(sequence, seed)
         log.info("request speculates: %s drafter, rule=%s, block %d", session.drafter.kind, session.rule, n_max)
         return session

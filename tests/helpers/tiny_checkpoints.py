@@ -4,7 +4,9 @@
   with ChatML special tokens, plus ``tokenizer_config.json`` carrying a chat template.
 - ``build_hf_checkpoint(dir, arch)``: ``config.json`` + ``model.safetensors`` (Hugging Face tensor
   names) for a llama- or qwen2-style model whose weights come from mlx-lm's own model classes,
-  seeded, so every run builds the same checkpoint.
+  seeded, so every run builds the same checkpoint; also ``mamba`` (every layer recurrent) and
+  ``falcon_h1`` (each layer a Mamba-2 mixer and attention side by side, one combined cache per
+  layer), mlx-lm's parameter layout, for the recurrent-state tests.
 """
 
 from __future__ import annotations
@@ -93,6 +95,13 @@ def tiny_config(arch: str, vocab_size: int, *, layers: int = 2, hidden: int = 64
         base.update(model_type="llama", architectures=["LlamaForCausalLM"], attention_bias=False, mlp_bias=False)
     elif arch == "qwen2":
         base.update(model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True)
+    elif arch == "mamba":
+        base.update(model_type="mamba", architectures=["MambaForCausalLM"], state_size=16, conv_kernel=4,
+                    use_bias=False, use_conv_bias=True, time_step_rank=8)
+    elif arch == "falcon_h1":
+        base.update(model_type="falcon_h1", architectures=["FalconH1ForCausalLM"], head_dim=16, mamba_d_ssm=hidden,
+                    mamba_n_heads=4, mamba_d_head=16, mamba_d_state=16, mamba_chunk_size=16,
+                    tie_word_embeddings=True)
     else:
         raise ValueError(arch)
     return base

@@ -3,7 +3,11 @@ formats and read back by the real loaders.
 
 Targets (``build_target``): ``qwen3`` and ``muse_glimmer`` (mlx-lm's own model classes, so the
 target is a real mlx-lm model with its real caches; ``muse_glimmer`` has rotating sliding-window
-caches, ``window`` tokens), plus the ``llama`` / ``qwen2`` of ``tiny_checkpoints``.
+caches, ``window`` tokens), plus the ``llama`` / ``qwen2`` of ``tiny_checkpoints``; the hybrid
+targets, whose caches hold recurrent state: ``lfm2`` (LiquidAI's layout: short-convolution and
+attention layers, ``embedding_norm``, conv weights ``[C, 1, K]``), ``qwen3_5`` and ``qwen3_next``
+(``tiny_mtp``'s, with their MTP layers); and ``gemma4`` (Google's multimodal layout,
+``model.language_model.*``, sliding and full attention, the last layers sharing K/V).
 
 Drafters (config.json + model.safetensors, no embeddings and no LM head):
 
@@ -29,8 +33,9 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+import tiny_mtp
 from mlx.utils import tree_flatten
-from tiny_checkpoints import build_tokenizer, tiny_config
+from tiny_checkpoints import base_config, build_tokenizer, random_params, tiny_config
 
 
 def _save(out: Path, config: dict, params: dict) -> Path:
@@ -47,6 +52,14 @@ def build_target(out: Path, arch: str, *, seed: int = 0, layers: int = 4, hidden
     ``logit_scale`` scales the final norm, hence the logits (small: a diffuse p)."""
     from mlx_lm.utils import _get_classes
 
+    if arch == "qwen3_5":
+        return tiny_mtp.build_qwen35_target(out, seed=seed, layers=layers, logit_scale=TIED_NORM * logit_scale,
+                                            embed_scale=TIED_EMBED)
+    if arch == "qwen3_next":
+        return tiny_mtp.build_qwen3_next_target(out, seed=seed, layers=layers, logit_scale=logit_scale)
+    if arch in ("lfm2", "gemma4"):
+        return _build_hf_layout(out, arch, seed=seed, layers=layers, hidden=hidden, window=window,
+                                logit_scale=logit_scale)
     vocab = build_tokenizer(out)
     if arch in ("llama", "qwen2"):
         config = tiny_config(arch, vocab, layers=layers, hidden=hidden)
@@ -82,6 +95,50 @@ def build_target(out: Path, arch: str, *, seed: int = 0, layers: int = 4, hidden
     return out
 
 
+# Tied-embedding targets with random weights repeat their last input token for ever (the residual
+# stream is mostly that token's embedding, and the head is the same table). A small table and a
+# larger final norm let the layers steer the logits while keeping their scale.
+TIED_EMBED = 0.05
+TIED_NORM = 20.0
+
+
+def _build_hf_layout(out: Path, arch: str, *, seed: int, layers: int, hidden: int, window: int,
+                     logit_scale: float) -> Path:
+    """LFM2 and Gemma 4 targets, in the tensor names and shapes their published checkpoints use."""
+    vocab = build_tokenizer(out)
+    base = base_config(vocab, layers=layers, hidden=hidden)
+    if arch == "lfm2":
+        types = ["conv" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        config = {**base, "model_type": "lfm2", "architectures": ["Lfm2ForCausalLM"], "norm_eps": 1e-5,
+                  "conv_bias": False, "conv_L_cache": 3, "block_dim": hidden, "block_multiple_of": 16,
+                  "block_ffn_dim_multiplier": 1.0, "block_auto_adjust_ff_dim": False, "block_ff_dim": 2 * hidden,
+                  "layer_types": types, "tie_word_embeddings": True}
+        params = random_params(config, seed)
+        params["model.embed_tokens.weight"] = params["model.embed_tokens.weight"] * TIED_EMBED
+        params["model.embedding_norm.weight"] = params["model.embedding_norm.weight"] * TIED_NORM * logit_scale
+        # the published layout stores a short convolution's weight as [C, 1, K] (mlx-lm's loader transposes)
+        params = {k: (v.transpose(0, 2, 1) if k.endswith("conv.conv.weight") else v) for k, v in params.items()}
+    elif arch == "gemma4":
+        types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
+        text = {**base, "model_type": "gemma4_text", "head_dim": 16, "global_head_dim": 32, "num_kv_shared_layers": 2,
+                "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": vocab, "sliding_window": window,
+                "layer_types": types, "final_logit_softcapping": 30.0, "tie_word_embeddings": True,
+                "use_double_wide_mlp": False, "rms_norm_eps": 1e-6}
+        config = {"model_type": "gemma4", "architectures": ["Gemma4ForConditionalGeneration"], "text_config": text,
+                  "vocab_size": vocab, "tie_word_embeddings": True, "eos_token_id": 2}
+        params = random_params(config, seed)
+        params = {k: v * TIED_EMBED if k.endswith("embed_tokens.weight") else v for k, v in params.items()}
+        params["language_model.model.norm.weight"] = params["language_model.model.norm.weight"] * TIED_NORM * logit_scale
+        params = {k.replace("language_model.model.", "model.language_model."): v for k, v in params.items()
+                  if not k.endswith("lm_head.weight")}
+    else:
+        raise ValueError(arch)
+    params.pop("lm_head.weight", None)
+    _save(out, config, params)
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    return out
+
+
 def _layer_params(rng_seed: int, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int) -> dict:
     mx.random.seed(rng_seed)
 
@@ -103,10 +160,15 @@ def _layer_params(rng_seed: int, hidden: int, heads: int, kv_heads: int, head_di
     }
 
 
+def _text_config(target_dir: Path) -> dict:
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    return config.get("text_config") or config
+
+
 def _backbone(target_dir: Path, layer_ids: list[int], *, layers: int, seed: int, head_dim: int | None = None,
               teacher: bool = True, logit_scale: float = 1.0) -> tuple[dict, dict]:
     """Shared shape + tensors of the three formats (HF names without a prefix)."""
-    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    tcfg = _text_config(target_dir)
     hidden = tcfg["hidden_size"]
     heads, kv = tcfg["num_attention_heads"], tcfg["num_key_value_heads"]
     head_dim = head_dim or tcfg.get("head_dim") or hidden // heads
@@ -141,7 +203,7 @@ def build_dflash(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int =
     config = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", **shape, "rope_theta": 10000.0,
               "block_size": block_size,
               "dflash_config": {"target_layer_ids": list(layer_ids), "mask_token_id": mask_token_id},
-              "num_target_layers": json.loads((Path(target_dir) / "config.json").read_text())["num_hidden_layers"]}
+              "num_target_layers": _text_config(target_dir)["num_hidden_layers"]}
     return _save(out, config, params)
 
 
@@ -152,7 +214,7 @@ def build_dspark(out: Path, target_dir: Path, *, layer_ids=(1, 3), layers: int =
     mx.random.seed(seed + 1)
     params["markov_head.markov_w1.weight"] = mx.random.normal((vocab, rank)) * 0.3
     params["markov_head.markov_w2.weight"] = mx.random.normal((vocab, rank)) * 0.3
-    tlayers = json.loads((Path(target_dir) / "config.json").read_text())["num_hidden_layers"]
+    tlayers = _text_config(target_dir)["num_hidden_layers"]
     config = {"architectures": ["Lfm2DSparkDraftModel"], "model_type": "qwen3", **shape,
               "rope_theta": 10000.0, "rope_is_neox_style": False, "block_size": block_size, "markov_rank": rank,
               "layer_types": ["full_attention"] * layers,

@@ -13,8 +13,13 @@ config keys the format uses:
   ``model.layers.0.*``, embeddings and head left out);
 - ``build_qwen35_target``: Qwen3.5 (``qwen3_5``: a linear-attention layer then a full-attention
   one, tied embeddings) with ``mtp.fc``, ``mtp.pre_fc_norm_*``, ``mtp.layers.0.*``, ``mtp.norm``
-  stored zero-centred as that family stores its norms. (Its recurrent layer's cache cannot be
-  rewound, so this target loads and binds but cannot be speculated on.)
+  stored zero-centred as that family stores its norms;
+- ``build_qwen3_next_target``: Qwen3-Next (``qwen3_next``: gated-delta and full-attention layers,
+  mixture-of-experts MLPs stored per expert, norms zero-centred) with the same ``mtp.*`` layout;
+- ``build_gemma4_assistant``: Google's Gemma 4 MTP assistant layout (``model_type:
+  gemma4_assistant``; query-only Gemma 4 layers from mlx-lm's ``gemma4_text`` classes,
+  ``pre_projection`` / ``post_projection``, the centroid head ``masked_embedding.*``) for a
+  ``tiny_drafters.build_target(..., "gemma4")`` target.
 
 ``echo=True`` writes an MTP module that passes the target's hidden state straight through (the
 decoder layer's output projections zeroed): it then predicts the token the target predicted
@@ -27,6 +32,7 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 from tiny_checkpoints import base_config, build_tokenizer, random_params
 
 HIDDEN = 64
@@ -156,7 +162,8 @@ def build_nextn_assistant(out: Path, target_dir: Path) -> Path:
     return _write(out, config, weights, name="nextn_layer_parameters.safetensors")
 
 
-def build_qwen35_target(out: Path, *, seed: int = 13, layers: int = 2, echo: bool = False) -> Path:
+def build_qwen35_target(out: Path, *, seed: int = 13, layers: int = 2, echo: bool = False,
+                        logit_scale: float = 1.0, embed_scale: float = 1.0) -> Path:
     vocab = build_tokenizer(out)
     text = {**_common(vocab, layers), "model_type": "qwen3_5_text", "head_dim": 16, "full_attention_interval": 2,
             "num_experts": 0, "tie_word_embeddings": True, "mtp_num_hidden_layers": 1,
@@ -168,6 +175,8 @@ def build_qwen35_target(out: Path, *, seed: int = 13, layers: int = 2, echo: boo
               "eos_token_id": 2}
     params = _params(config, layers, seed)
     params.pop("language_model.lm_head.weight", None)
+    params["language_model.model.norm.weight"] = params["language_model.model.norm.weight"] * logit_scale
+    params["language_model.model.embed_tokens.weight"] = params["language_model.model.embed_tokens.weight"] * embed_scale
     weights = {k.replace("language_model.model.", "model.language_model."): v for k, v in params.items()}
     f = _fusion(seed, echo, zero_centred=True)
     # The MTP layer is a full-attention layer: take one (index 1) from a second instance.
@@ -178,3 +187,99 @@ def build_qwen35_target(out: Path, *, seed: int = 13, layers: int = 2, echo: boo
                     "mtp.fc.weight": f["proj"], "mtp.norm.weight": f["final_norm"]})
     weights.update({"mtp.layers.0." + k: v for k, v in block.items()})
     return _write(out, config, weights)
+
+
+def _zero_centre(weights: dict[str, mx.array], keys=(".input_layernorm.weight", ".post_attention_layernorm.weight",
+                                                    "model.norm.weight", ".q_norm.weight", ".k_norm.weight")):
+    """The Qwen3-Next family's checkpoint convention: these RMSNorm weights are stored as ``scale - 1``."""
+    return {k: (v - 1.0 if v.ndim == 1 and k.endswith(keys) else v) for k, v in weights.items()}
+
+
+def build_qwen3_next_target(out: Path, *, seed: int = 14, layers: int = 4, echo: bool = False,
+                            logit_scale: float = 1.0) -> Path:
+    """Qwen3-Next: every ``full_attention_interval`` (2) -th layer full attention, the rest gated-delta
+    linear attention; every MLP a 4-expert MoE with a shared expert (as published, which is also what
+    makes mlx-lm's loader drop the ``mtp.*`` weights)."""
+    vocab = build_tokenizer(out)
+    config = {**_common(vocab, layers), "model_type": "qwen3_next", "architectures": ["Qwen3NextForCausalLM"],
+              "head_dim": 16, "full_attention_interval": 2, "partial_rotary_factor": 0.25,
+              "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
+              "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "num_experts": 4, "num_experts_per_tok": 2,
+              "decoder_sparse_step": 1, "shared_expert_intermediate_size": 64, "mlp_only_layers": [],
+              "moe_intermediate_size": 32, "norm_topk_prob": True, "tie_word_embeddings": False,
+              "mtp_num_hidden_layers": 1}
+    params = _params(config, layers + 1, seed)
+    for name in params:
+        if name.endswith("mlp.gate.weight"):  # a router that actually routes
+            params[name] = mx.random.normal(params[name].shape) * 0.5
+    params["model.norm.weight"] = params["model.norm.weight"] * logit_scale
+    extra = f"model.layers.{layers}."
+    if (layers + 1) % 2:  # the MTP layer is a full-attention layer: take the last full one if layer N is linear
+        extra = f"model.layers.{layers - 1}."
+    weights = {k: v for k, v in params.items() if not k.startswith(f"model.layers.{layers}.")}
+    f = _fusion(seed, echo, zero_centred=True)
+    block = _zero_centre(_block(params, extra, echo), keys=("input_layernorm.weight", "post_attention_layernorm.weight",
+                                                            "q_norm.weight", "k_norm.weight"))
+    weights = _zero_centre(weights)
+    weights.update({"mtp.pre_fc_norm_embedding.weight": f["embed_norm"], "mtp.pre_fc_norm_hidden.weight": f["hidden_norm"],
+                    "mtp.fc.weight": f["proj"], "mtp.norm.weight": f["final_norm"]})
+    weights.update({"mtp.layers.0." + k: v for k, v in block.items()})
+    return _write(out, config, _unstack_experts(weights))
+
+
+def build_gemma4_assistant(out: Path, target_dir: Path, *, seed: int = 21, echo: bool = False, layers: int = 4,
+                           centroids: int = 8, top_k: int = 2) -> Path:
+    """A Gemma 4 assistant for the tiny gemma4 target in ``target_dir``. ``echo``: its hidden size is the
+    target's, ``pre_projection`` passes the target's hidden through, the layers' residual writes are
+    zeroed and the output table is the target's embedding table, so it drafts the token the target
+    predicted one position earlier (which a greedy stream stuck on one token accepts); its centroid
+    head then keeps every centroid, so it equals the dense head."""
+    import numpy as np
+    from mlx_lm.models import gemma4_text
+
+    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    text_t = tcfg.get("text_config") or tcfg
+    backbone, vocab = text_t["hidden_size"], tcfg.get("vocab_size") or text_t["vocab_size"]
+    hidden = backbone if echo else 32
+    types = ["sliding_attention"] * (layers - 1) + ["full_attention"]
+    text = {"model_type": "gemma4_text", "hidden_size": hidden, "num_hidden_layers": layers,
+            "intermediate_size": 2 * hidden, "num_attention_heads": 4, "head_dim": text_t["head_dim"],
+            "global_head_dim": text_t["global_head_dim"], "num_key_value_heads": text_t["num_key_value_heads"],
+            "num_kv_shared_layers": layers, "hidden_size_per_layer_input": 0, "vocab_size": vocab,
+            "vocab_size_per_layer_input": vocab, "sliding_window": text_t["sliding_window"], "layer_types": types,
+            "rms_norm_eps": 1e-6, "max_position_embeddings": 2048, "final_logit_softcapping": None,
+            "tie_word_embeddings": True}
+    if echo:
+        top_k = centroids
+    config = {"model_type": "gemma4_assistant", "architectures": ["Gemma4AssistantForCausalLM"],
+              "backbone_hidden_size": backbone, "use_ordered_embeddings": True, "num_centroids": centroids,
+              "centroid_intermediate_top_k": top_k, "tie_word_embeddings": True, "text_config": text}
+    mx.random.seed(seed)
+    args = gemma4_text.ModelArgs.from_dict({**text})
+    weights = {}
+    for i in range(layers):
+        layer = gemma4_text.DecoderLayer(args, i)
+        for k, v in tree_flatten(layer.parameters()):
+            weights[f"model.layers.{i}.{k}"] = v
+    target = mx.load(str(Path(target_dir) / "model.safetensors"))
+    table = next(v for k, v in target.items() if k.endswith("embed_tokens.weight"))
+    if echo:
+        for k in weights:
+            if k.endswith(("o_proj.weight", "down_proj.weight")):
+                weights[k] = mx.zeros_like(weights[k])
+        weights["model.embed_tokens.weight"] = table
+        weights["pre_projection.weight"] = mx.concatenate([mx.zeros((hidden, backbone)), mx.eye(hidden)], axis=1)
+        weights["post_projection.weight"] = mx.eye(hidden)
+    else:
+        weights["model.embed_tokens.weight"] = mx.random.normal((vocab, hidden))
+        weights["pre_projection.weight"] = mx.random.normal((hidden, 2 * backbone)) * (2 * backbone) ** -0.5
+        weights["post_projection.weight"] = mx.random.normal((backbone, hidden)) * hidden ** -0.5
+    weights["model.norm.weight"] = mx.ones((hidden,))
+    weights["masked_embedding.centroids.weight"] = mx.random.normal((centroids, hidden)) * hidden ** -0.5
+    order = np.random.default_rng(seed).permutation(vocab).astype(np.int64)
+    out.mkdir(parents=True, exist_ok=True)
+    floats = {k: v.astype(mx.float32) for k, v in weights.items()}
+    floats["masked_embedding.token_ordering"] = mx.array(order)
+    mx.save_safetensors(str(out / "model.safetensors"), floats, metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config, indent=1))
+    return out

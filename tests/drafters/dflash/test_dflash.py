@@ -277,6 +277,29 @@ def test_muse_starts_at_four_rows_and_widens_when_the_window_pays(drafter_dirs, 
     assert max(real.width_log) == DECLARED_DEPTH and not real.widened
 
 
+def test_muse_settles_back_at_four_rows_when_the_wide_block_does_not_pay(drafter_dirs, muse, monkeypatch):
+    """The warm-up saturates (every draft right), the loop widens to the ceiling; from then on the
+    drafts go wrong every fourth position, so a wide round accepts at most three, which four rows
+    could have: after one measurement window at the ceiling the loop goes back to four rows and stays
+    there for the rest of the request. The output is greedy target decoding throughout."""
+    monkeypatch.setenv(switches.PROBE_ENV, "pass")
+    prompt = list(muse.tokenizer.encode(PROMPT))
+    expected = plain(muse, prompt, 80)
+    switch = len(prompt) + 1 + 4 * DECLARED_DEPTH  # past the warm-up window (4 rounds of 4 tokens)
+    real = load_model_drafter(drafter_dirs["muse-glimmer"], target_vocab_size=muse.vocab_size)
+    drafter = scripted(MuseGlimmerDrafter, prompt + expected,
+                       wrong=lambda p: p >= switch and (p - switch) % 4 == 3)(
+        real.network, real.spec, target_vocab_size=muse.vocab_size)
+    out, _ = speculate(muse, drafter, prompt, 80, k=7)
+    assert out == expected
+    widths = drafter.width_log
+    wide = [i for i, w in enumerate(widths) if w == 8]
+    assert widths[:4] == [DECLARED_DEPTH] * 4 and len(wide) == 4 and drafter.widened  # one window at the ceiling
+    assert drafter.settled and drafter.rows == DECLARED_DEPTH
+    after = widths[wide[-1] + 1:]
+    assert after and max(after) == DECLARED_DEPTH  # and never widens again (shorter: the budget's end)
+
+
 def test_muse_clears_both_widths_with_the_probe_before_the_first_block(drafter_dirs, muse, monkeypatch):
     """The gate asks about the warm-up width and the ceiling before the first block is scored in one
     forward (the verdicts here are recorded stand-ins for the probe: what is pinned is which widths

@@ -214,12 +214,20 @@ def test_bind_releases_the_file_tensors_and_a_second_target_rereads_them(mimo_di
     assert drafter.head.embed_tokens is other.model.model.embed_tokens and drafter.head.source == "assistant"
 
 
-def test_hybrid_target_is_refused_at_bind(root):
-    """Qwen3.5's linear-attention layers keep recurrent state, which cannot be rewound exactly."""
-    qwen = tiny_mtp.build_qwen35_target(root / "qwen35-bind")
-    drafter = MtpDrafter.load(qwen)
-    with pytest.raises(ModelLoadError, match="cannot be rewound"):
-        drafter.bind(load_model(qwen).model)
+@pytest.mark.parametrize("probe", ["pass", "fail"])
+def test_qwen35_mtp_layers_speculate_on_the_hybrid_cache(root, monkeypatch, probe):
+    """Qwen3.5's own MTP layers on its gated-delta + attention cache: block rounds cut the recurrent
+    layers back with the verify round's state tape, chain rounds never forward past the emitted
+    tokens; both are greedy target decoding token for token, with drafts accepted."""
+    monkeypatch.setenv("MLXCEL_EXACTNESS_PROBE", probe)
+    qwen = tiny_mtp.build_qwen35_target(root / "qwen35-echo", echo=True)
+    target = load_model(qwen)
+    prompt = prompt_of(target)
+    want = target_only_tokens(target, prompt, GREEDY, 40)
+    got, counters = speculative_tokens(target, MtpDrafter.load(qwen), prompt, GREEDY, 40, k=3)
+    assert got == want
+    assert counters.rounds > 0 and counters.accepted > 0
+    assert counters.chain_rounds == (counters.rounds if probe == "fail" else 0)
 
 
 def test_the_kind_is_detected_from_config(glm_dir, assistant_dir):

@@ -170,3 +170,28 @@ def test_generate_and_the_server_emit_the_same_sampled_tokens(tiny_llama_dir, ti
         server.stop()
     assert body["content"] + "\n" == text_of(r.stdout)
     assert body["timings"]["draft_kind"] == "draft-model" and body["timings"]["draft_rounds"] > 0
+
+
+@pytest.mark.slow  # in process, the same loop on hybrid targets: tests/drafters/test_hybrid_targets.py
+def test_a_hybrid_target_speculates_with_its_own_mtp_layers(hybrid_dirs):
+    """Qwen3.5 (gated-delta layers) with its MTP layers: the text is plain decoding's, the probe ran
+    before the prompt (its line on stderr), the acceptance line follows the performance line."""
+    target = str(hybrid_dirs["qwen3_5"])
+    plain = generate("-m", target, *ARGS, "--temp", "0")
+    r = generate("-m", target, "--draft-kind", "mtp", *ARGS, "--temp", "0", env={"MLXCEL_EXACTNESS_PROBE": "auto"})
+    assert r.returncode == 0 and plain.returncode == 0, r.stderr
+    assert text_of(r.stdout) == text_of(plain.stdout)
+    assert "Exactness probe at load for the mtp drafter" in r.stderr
+    assert r.stdout.splitlines()[-1].startswith("[Speculative acceptance] rule=greedy-argmax rounds=")
+
+
+@pytest.mark.slow
+def test_a_target_whose_state_cannot_be_restored_is_declined_on_generate(checkpoints_root):
+    import tiny_checkpoints
+
+    falcon = str(tiny_checkpoints.build_hf_checkpoint(checkpoints_root / "gen-falcon-h1", "falcon_h1"))
+    plain = generate("-m", falcon, *ARGS, "--temp", "0")
+    r = generate("-m", falcon, "--prompt-lookup", *ARGS, "--temp", "0")
+    assert r.returncode == 0, r.stderr
+    assert text_of(r.stdout) == text_of(plain.stdout)
+    assert r.stdout.splitlines()[-1].startswith("[Speculative acceptance] declined: speculation needs the target's")

@@ -8,7 +8,9 @@
   such); the request field ``speculative.stochastic_accept: true`` switches that request to
   modified rejection sampling (it then samples);
 * a sampling request to the DSpark server is decoded plainly, with exactly one warning;
-* the startup line names the drafter and its block.
+* the startup line names the drafter and its block; the DFlash and Muse servers run with the
+  exactness probe's real verdict (measured at startup; on this CPU it sends rounds to chain
+  decoding) as well as with a forced one.
 """
 
 from __future__ import annotations
@@ -50,16 +52,22 @@ def models(checkpoints_root):
 def servers(models):
     common = ("-np", "2", "-ub", "16")
     qwen3, probe_pass = str(models["qwen3"].path), {"MLXCEL_EXACTNESS_PROBE": "pass"}
+    probe_auto = {"MLXCEL_EXACTNESS_PROBE": "auto"}  # the real probe, at startup
     with running(dflash=partial(ServerProcess, "-m", qwen3, *common, "-md", str(models["dflash"]), env=probe_pass),
                  dspark=partial(ServerProcess, "-m", qwen3, *common, "--spec-type", "draft-dspark",
                                 "-md", str(models["dspark"]), "--spec-draft-n-max", "4"),
                  muse=partial(ServerProcess, "-m", str(models["muse"].path), *common, "--draft-kind", "muse-glimmer",
-                              "-md", str(models["muse-asst"]), env=probe_pass)) as procs:
+                              "-md", str(models["muse-asst"]), env=probe_auto),
+                 dflash_auto=partial(ServerProcess, "-m", qwen3, *common, "-md", str(models["dflash"]),
+                                     env=probe_auto)) as procs:
         yield procs
 
 
 def target_of(kind, models):
     return models["muse"] if kind == "muse" else models["qwen3"]
+
+
+PROBED = {"dflash": "pass", "dspark": "auto", "muse": "auto", "dflash_auto": "auto"}  # MLXCEL_EXACTNESS_PROBE
 
 
 def greedy(lm, prompt, n=N):
@@ -89,16 +97,27 @@ def log_count(server, needle: str) -> int:
     return server.log_path.read_text(errors="replace").count(needle)
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dspark", "muse"])
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "muse", "dflash_auto"])
 def test_temperature_zero_tokens_equal_greedy_target_decoding(servers, models, kind):
     lm = target_of(kind, models)
     for text in TEXTS:
         prompt = list(lm.tokenizer.encode(text))
-        body = post_ok(servers[kind], "/completion", native(prompt))
+        body = post_ok(servers[kind], "/completion", native(prompt, id_slot=0))
         assert body["tokens"] == greedy(lm, prompt), (kind, text)
         check_dflash(body["timings"])
+    # the same prompt again in the same slot: its cached prefix is reused, with the features the slot
+    # kept of it (the drafter's context comes from there, not from a second pass over the prompt)
+    # (not on the Muse target: its 16-token sliding window wrapped, so its cache cannot be cut back)
+    again = post_ok(servers[kind], "/completion", native(prompt, id_slot=0))
+    assert (again["timings"]["cache_n"] > 0) is (kind != "muse") and again["tokens"] == body["tokens"]
+    check_dflash(again["timings"])
     if kind == "muse":
         assert len(prompt) + N > 16  # the sliding window wrapped during the request
+    log = servers[kind].log_path.read_text(errors="replace")
+    if PROBED[kind] == "auto":  # the real verdict, measured at startup: on this CPU, chain decoding
+        assert "Exactness probe at load" in log and "token by token (chain decoding) at 2-" in log
+    else:
+        assert "forced by MLXCEL_EXACTNESS_PROBE" in log
 
 
 def test_draft_kind_on_every_route_and_stream_shape(servers, models):

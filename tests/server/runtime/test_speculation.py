@@ -157,14 +157,18 @@ def test_temperature_zero_output_equals_the_plain_server_on_every_route(servers,
 
 @pytest.mark.parametrize("kind", ["lookup", "draft"])
 def test_sampled_output_equals_the_plain_server_under_the_same_seed(servers, kind):
-    # sampler-match emits the target's own position-keyed draw: the same tokens as plain decoding
-    fields = dict(temperature=1.0, seed=11, top_k=0, top_p=1.0, min_p=0.0, return_tokens=True)
+    # sampler-match emits the target's own position-keyed draw: the same tokens as plain decoding.
+    # At temperature 0.7 (seed 11) the first prompt's sampled stream repeats enough of it for prompt
+    # lookup to verify drafts, so the equality is tested on drafted rounds, not plain steps.
+    fields = dict(temperature=0.7, seed=11, top_k=0, top_p=1.0, min_p=0.0, return_tokens=True)
+    drafted = 0
     for p in PROMPTS[:2]:
         a = post_ok(servers["plain"], "/completion", native(p, **fields))
         b = post_ok(servers[kind], "/completion", native(p, **fields))
         assert a["tokens"] == b["tokens"]
-        # a sampled random model rarely repeats itself, so lookup may find nothing to verify
+        drafted += b["timings"].get("draft_rounds", 0)
         assert kind == "lookup" or "draft_rounds" in b["timings"]
+    assert drafted > 0  # the drafter really drafted: the comparison covered verify rounds
 
 
 def test_stop_inside_a_verified_block_and_prompt_reuse_afterwards(servers):
