@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import json
 import logging
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,3 +110,82 @@ def _schema_grammar(schema: Any, strict: bool) -> str:
         return LLMatcher.grammar_from_json_schema(schema, defaults=options)
     except ValueError as exc:
         raise GrammarError(str(exc)) from None
+
+
+def special_token_ids(tokenizer: Any) -> dict[str, int]:
+    """The vocabulary's special tokens (text -> id), as the grammar engine sees them: llguidance
+    reads the tokenizer's added tokens and takes as special each one flagged ``special`` and each
+    one of the form ``<...>`` (so a Qwen-style ``<tool_call>`` is special to it, flag or not).
+    Plain text never produces one; a grammar names it ``<[id]>`` (:func:`lark_text`)."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    backend = getattr(hf, "backend_tokenizer", None)
+    if backend is None:
+        return {}
+    return {added.content: int(i) for i, added in backend.get_added_tokens_decoder().items()
+            if added.special or (added.content.startswith("<") and added.content.endswith(">"))}
+
+
+def lark_text(text: str, special_ids: Mapping[str, int]) -> str:
+    """``text`` as a sequence of Lark items that matches exactly it: string literals, with each
+    special token of the vocabulary in it written ``<[id]>`` (a string literal cannot match a
+    special token)."""
+    found = sorted((s for s in special_ids if s and s in text), key=len, reverse=True)
+    if not found:
+        return _lark_literal(text) if text else ""
+    items = []
+    for part in re.split("(" + "|".join(re.escape(s) for s in found) + ")", text):
+        if part in special_ids:
+            items.append(f"<[{special_ids[part]}]>")
+        elif part:
+            items.append(_lark_literal(part))
+    return " ".join(items)
+
+
+def after_thinking(grammar: Grammar, start: str, end: str, *, opened: bool,
+                   special_ids: Mapping[str, int] | None = None) -> Grammar:
+    """``grammar`` for a model that may think first: a reasoning block (``start`` ... ``end``) and
+    then the grammar, so the constraint applies to the answer and not to the thoughts. Inside the
+    block any text is allowed until the end tag. ``opened``: the prompt has already opened the
+    block, so the output starts inside it and must close it; otherwise the block is optional.
+    ``special_ids`` (:func:`special_token_ids`): an end tag that is one special token closes the
+    thoughts whatever text they hold (text never produces it); a text end tag closes them at its
+    first occurrence.
+
+    Written as two grammars in llguidance's top-level form: an outer Lark grammar that references
+    the request's own grammar by name, which keeps the inner one exactly as it was compiled.
+    """
+    special_ids = special_ids or {}
+    inner = _as_named_grammars(grammar.compiled)
+    if end in special_ids:
+        thoughts, rules = f"THOUGHTS <[{special_ids[end]}]>", ["THOUGHTS: /(.|\\n)*/"]
+    elif any(s and s in end for s in special_ids):
+        raise GrammarError(f"the end-of-thinking tag {end!r} mixes special tokens and text")
+    else:  # a lazy lexeme with the tag as its suffix: the thoughts end at the first end tag
+        thoughts, rules = "thoughts", [f"thoughts[suffix={_lark_literal(end)}]: /(.|\\n)*/"]
+    # after the end tag, the blank line or two models write before their answer (bounded, so that a
+    # model cannot spend its budget on whitespace)
+    block = f"{thoughts} GAP" if opened else f"({lark_text(start, special_ids)} {thoughts} GAP)?"
+    outer = "\n".join([f"start: {block} @{inner[0]['name']}", "GAP: /[ \\r\\n]{0,4}/", *rules]) + "\n"
+    compiled = json.dumps({"grammars": [{"name": "after_thinking", "lark_grammar": outer}, *inner]})
+    failed, messages = LLMatcher.validate_grammar_with_warnings(compiled)
+    if failed:
+        raise GrammarError("; ".join(m for m in messages if "no tokenizer" not in m) or "invalid grammar")
+    return Grammar(grammar.kind, grammar.source, compiled, grammar.strict)
+
+
+def _as_named_grammars(compiled: str) -> list[dict]:
+    """A compiled grammar as llguidance's list of named grammars (Lark text becomes one)."""
+    try:
+        top = json.loads(compiled)
+    except ValueError:
+        top = None
+    if not isinstance(top, dict) or "grammars" not in top:
+        return [{"name": "answer", "lark_grammar": compiled}]
+    grammars = [dict(g) for g in top["grammars"]]
+    if not grammars[0].get("name") or grammars[0]["name"] == "after_thinking":
+        grammars[0]["name"] = "answer"
+    return grammars
+
+
+def _lark_literal(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)

@@ -17,13 +17,20 @@ How upstream chooses, and so how this module does:
 
 :func:`constrain` is the one call for a caller that builds its own grammar (a forced tool call):
 it sets a request's grammar from Lark, GBNF or a JSON schema, with the same errors.
+
+A chat request whose reasoning is split from its content (``reasoning_format`` not ``none``, and
+thinking tags known) runs its grammar after the thinking (:func:`after_reasoning`): the thoughts
+stay free text and the constraint holds for the answer, as upstream applies a response format to
+what follows the reasoning. The thinking block is part of the same grammar (not a second
+mechanism that switches the mask on), so the mask is still one function of the emitted prefix and
+every speculative acceptance rule keeps its guarantee.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.engine.sampling.grammar import GBNF, JSON_SCHEMA, Grammar, GrammarError, compile_grammar
+from mlxcel.engine.sampling.grammar import GBNF, JSON_SCHEMA, Grammar, GrammarError, after_thinking, compile_grammar
 from mlxcel.server.http.schema import SamplingFields
 from mlxcel.server.runtime.errors import invalid
 from mlxcel.server.runtime.task import GenerationOptions
@@ -103,5 +110,14 @@ def constrain(options: GenerationOptions, kind: str, source: Any) -> None:
         return
     try:
         options.grammar = compile_grammar(kind, source)
+    except GrammarError as exc:
+        raise invalid(f"{BAD_GRAMMAR}: {exc}") from None
+
+
+def after_reasoning(grammar: Grammar, start: str, end: str, *, opened: bool, special_ids: dict[str, int]) -> Grammar:
+    """``grammar`` behind a thinking block delimited by ``start`` / ``end`` (``opened``: the
+    generation prompt has opened it already); ``special_ids``: the vocabulary's special tokens."""
+    try:
+        return after_thinking(grammar, start, end, opened=opened, special_ids=special_ids)
     except GrammarError as exc:
         raise invalid(f"{BAD_GRAMMAR}: {exc}") from None

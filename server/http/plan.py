@@ -14,15 +14,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mlxcel.engine.sampling.grammar import LARK
 from mlxcel.server.http import reasoning
 from mlxcel.server.http.chat_output import ChatParsing
 from mlxcel.server.http.chat_template import apply_template, normalize_messages
-from mlxcel.server.http.grammar_fields import request_grammar
+from mlxcel.server.http.grammar_fields import after_reasoning, constrain, request_grammar
 from mlxcel.server.http.prompts import check_tokens, least_tokens, split_prompts, tokenize_prompt
 from mlxcel.server.http.request_params import check_unsupported, generation_options
 from mlxcel.server.http.schema import INT_MAX, ChatRequest, CompletionRequest, SamplingFields, check_range, validate
 from mlxcel.server.http.state import ServerState
-from mlxcel.server.http.tool_calls import check_tools, history_messages
+from mlxcel.server.http.tool_calls import call_grammar, check_tools, history_messages
 from mlxcel.server.runtime.errors import context_exceeded, context_exceeded_at_least, invalid
 from mlxcel.server.runtime.task import GenerationOptions
 
@@ -182,6 +183,20 @@ def _chat_parsing(state: ServerState, req: ChatRequest, rendered: RenderedChat, 
                        parallel=bool(parallel))
 
 
+def _force_tool_calls(state: ServerState, rendered: RenderedChat, chat: ChatParsing, opts: GenerationOptions) -> None:
+    """``tool_choice: "required"`` or a named function: the output must be tool calls (that one), in
+    the template's own call layout, through a grammar (``tool_calls.call_grammar``); with
+    ``parallel_tool_calls`` one or more of them. A template whose call layout cannot be written as
+    a grammar (its arguments are not JSON, or no probe call rendered) is only asked, through the
+    template, and its output parsed as under ``auto``."""
+    if not rendered.tools or rendered.tool_choice in ("auto", "none") or chat.calls is None:
+        return
+    text = call_grammar(state.template_info.call_layout, rendered.tools, rendered.tool_choice, parallel=chat.parallel,
+                        special_ids=state.special_tokens)
+    if text is not None:
+        constrain(opts, LARK, text)
+
+
 def check_sampling_fields(req: SamplingFields, n_predict: int | None, n_probs: int) -> None:
     """What a request asks of the sampler, checked as upstream checks it: refusals of what mlxcel
     does not implement first, then every range."""
@@ -309,6 +324,10 @@ def chat_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPla
         raise invalid("logprobs is not supported with tools + stream")
     n_probs = max(top_n or 0, 1) if req.logprobs else 0
     opts = _options(state, req, n_predict, n_probs, chat=True)
+    _force_tool_calls(state, rendered, chat, opts)
+    if opts.grammar is not None and chat.think is not None:
+        opts.grammar = after_reasoning(opts.grammar, chat.think.start, chat.think.end, opened=chat.open_thinking,
+                                       special_ids=state.special_tokens)
     opts.reasoning_format = fmt
     opts.reasoning_budget = reasoning.budget_spec(
         req, state.loaded.tokenizer, budget=reasoning.budget_tokens(req, state.config.reasoning_budget),

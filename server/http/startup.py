@@ -13,6 +13,7 @@ from mlx.utils import tree_flatten
 from mlxcel.drafters.loading import load_target
 from mlxcel.engine.model.fim_tokens import model_fim_tokens
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.sampling.grammar import special_token_ids
 from mlxcel.server.http.chat_template import legacy_format, resolve_template
 from mlxcel.server.http.prompts import longest_piece
 from mlxcel.server.http.reasoning import think_markers
@@ -57,6 +58,7 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
         state.template_info = probe_template(loaded.tokenizer, state.template)
         state.call_syntax = call_syntax(state.template, loaded.tokenizer, state.template_info)
     state.think = think_markers(state.template_info, loaded.tokenizer)
+    state.special_tokens = special_token_ids(loaded.tokenizer)
     if state.call_syntax is not None or state.think is not None:
         log.info("chat output: tool calls read with %s; thinking tags %s",
                  state.call_syntax.source if state.call_syntax else "nothing (no parser for this template)",

@@ -36,6 +36,7 @@ class ServerState:
     template_info: TemplateInfo = field(default_factory=TemplateInfo)  # what the template can do (probed)
     think: ThinkMarkers | None = None  # the thinking tags (template's, else the vocabulary's)
     call_syntax: CallSyntax | None = None  # how tool calls are read back (None: not at all)
+    special_tokens: dict[str, int] = field(default_factory=dict)  # the vocabulary's special tokens, for grammars
     token_text: TokenText | None = None
     metrics: Metrics = field(default_factory=Metrics)
     load_error: str | None = None

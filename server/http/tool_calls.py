@@ -13,10 +13,10 @@ stays content.
 
 ``tool_choice``: ``auto`` (default) parses calls; ``none`` renders the tools but parses nothing,
 as upstream; ``required`` and a named function (``{"type": "function", "function": {"name": ...}}``)
-reach the template as ``tool_choice`` and the output is parsed as under ``auto``. Forcing a call
-needs constrained decoding: :func:`call_grammar` builds the grammar that does it, in the
-template's own syntax, for the grammar engine to apply (until it is wired in, ``required`` and a
-named function work by rendering and parsing only).
+reach the template as ``tool_choice``, and the output is forced to be a call (that one) by a grammar:
+:func:`call_grammar` writes it in the template's own layout, special-token markers as tokens, the
+tool's ``parameters`` schema for the arguments (``plan`` applies it, after any thinking block); a
+template whose call layout is not JSON is only asked, and its output parsed as under ``auto``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ import string
 from dataclasses import dataclass
 from typing import Any
 
+from mlxcel.engine.sampling.grammar import JSON_WHITESPACE, lark_text
 from mlxcel.server.http.template_caps import ID, CallLayout, TemplateInfo
 from mlxcel.server.runtime.errors import invalid
 
@@ -361,48 +362,53 @@ def history_messages(messages: list[dict], object_arguments: bool) -> list[dict]
 
 # -- forcing a call --------------------------------------------------------------------------
 
-def _lark_string(text: str) -> str:
-    return json.dumps(text)
-
-
-def _pieces(literal: str) -> list[str]:
-    """A layout piece as Lark items: literals, with an id terminal where the template prints ids."""
+def _pieces(literal: str, special_ids: dict[str, int]) -> list[str]:
+    """A layout piece as Lark items: literals (special tokens as ``<[id]>``), with an id terminal
+    where the template prints ids."""
     items = []
     for i, part in enumerate(literal.split(ID)):
         if i:
             items.append("CALL_ID")
         if part:
-            items.append(_lark_string(part))
+            items.append(lark_text(part, special_ids))
     return items
 
 
 def call_grammar(layout: CallLayout, tools: list, tool_choice: str | dict = "required",
-                 parallel: bool = False) -> str | None:
+                 parallel: bool = False, special_ids: dict[str, int] | None = None) -> str | None:
     """The grammar (llguidance's Lark dialect) that forces the output to be tool calls in the
     template's own layout: ``head NAME mid ARGUMENTS tail``, each tool's ``parameters`` schema
     written as ``%json{...}``; with ``parallel`` (and a template that renders two calls in a
     row) one or more calls joined by the layout's ``between``. ``tool_choice`` a named function
     (``{"name": ...}``) allows only that tool. None when the template's layout cannot be written
-    as a grammar (its arguments are not JSON)."""
+    as a grammar (its arguments are not JSON). ``special_ids``: the vocabulary's special tokens
+    (``grammar.special_token_ids``), which the layout's markers may be."""
+    special_ids = special_ids or {}
     if layout is None:
         return None
     wanted = tool_choice.get("name") if isinstance(tool_choice, dict) else None
     chosen = [t["function"] for t in tools if wanted is None or t["function"]["name"] == wanted]
     if not chosen:
         return None
-    rules = []
-    alternatives = []
+    rules, alternatives = [], []
     for i, fn in enumerate(chosen):
-        schema = fn.get("parameters") or {"type": "object"}
-        rules.append(f"call_{i}: {_lark_string(fn['name'])} {' '.join(_pieces(layout.mid)) or ''} "
-                     f"%json{json.dumps(schema, separators=(',', ':'))}")
+        schema = dict(fn.get("parameters") or {"type": "object"})
+        # the arguments' JSON spaced as a model writes it (llama-server's whitespace), unless the
+        # schema sets its own
+        schema.setdefault("x-guidance", {"whitespace_pattern": JSON_WHITESPACE, "lenient": True})
+        arguments = "%json" + json.dumps(schema, separators=(",", ":"))
+        rules.append(_join(f"call_{i}:", lark_text(fn["name"], {}), *_pieces(layout.mid, special_ids), arguments))
         alternatives.append(f"call_{i}")
-    body = "call: " + " | ".join(alternatives)
-    head, tail = " ".join(_pieces(layout.head)), " ".join(_pieces(layout.tail))
     repeat = ""
     if parallel and layout.between is not None:
-        repeat = f" ({' '.join(_pieces(layout.between))} call)*"
-    lines = [f"start: {head} call{repeat} {tail}".rstrip(), body, *rules]
+        repeat = "(" + _join(*_pieces(layout.between, special_ids), "call") + ")*"
+    lines = [_join("start:", *_pieces(layout.head, special_ids), "call", repeat, *_pieces(layout.tail, special_ids)),
+             "call: " + " | ".join(alternatives), *rules]
     if any(ID in piece for piece in (layout.head, layout.mid, layout.tail, layout.between or "")):
         lines.append('CALL_ID: /[A-Za-z0-9]{9}/')
-    return "\n".join(line.replace("  ", " ") for line in lines) + "\n"
+    return "\n".join(lines) + "\n"
+
+
+def _join(*items: str) -> str:
+    """Lark items, one space apart (literals keep their own spaces)."""
+    return " ".join(item for item in items if item)

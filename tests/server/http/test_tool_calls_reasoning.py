@@ -10,6 +10,7 @@ names: they come from the template).
 from __future__ import annotations
 
 import json
+import re
 
 import httpx
 import pytest
@@ -166,14 +167,26 @@ def test_streamed_tool_call_deltas_reassemble_to_the_call(qwen_style):
     assert call["id"]
 
 
-def test_tool_choice_none_reads_no_call_and_required_still_parses(qwen_style):
+def test_tool_choice_none_reads_no_call_and_required_forces_one(qwen_style):
     none = client(qwen_style).chat.completions.create(model="m", messages=USER, tools=[WEATHER], tool_choice="none")
     assert none.choices[0].finish_reason == "stop" and not none.choices[0].message.tool_calls
     assert none.choices[0].message.content.startswith("<tool_call>")
+    # required / a named function: a grammar forces a call in the template's own layout (on this
+    # speculating server), even where the model would answer in text (its call and thinking tokens
+    # banned), with arguments the tool's schema allows
+    cities = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+              "additionalProperties": False}
+    tool = {"type": "function", "function": {**WEATHER["function"], "parameters": cities}}
+    auto = client(qwen_style).chat.completions.create(model="m", messages=USER, tools=[tool], logit_bias=NO_CALL_NO_THINK)
+    assert not auto.choices[0].message.tool_calls
     named = {"type": "function", "function": {"name": "get_weather"}}
     for choice in ("required", named):
-        got = client(qwen_style).chat.completions.create(model="m", messages=USER, tools=[WEATHER], tool_choice=choice)
-        assert got.choices[0].message.tool_calls[0].function.name == "get_weather"
+        got = client(qwen_style).chat.completions.create(model="m", messages=USER, tools=[tool], tool_choice=choice,
+                                                         logit_bias=NO_CALL_NO_THINK)
+        assert got.choices[0].finish_reason == "tool_calls", got.choices[0]
+        (call,) = got.choices[0].message.tool_calls
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
     bad = httpx.post(qwen_style.url + "/v1/chat/completions",
                      json={"messages": USER, "tools": [WEATHER], "tool_choice": "sometimes"})
     assert bad.status_code == 400 and "Invalid tool_choice" in bad.json()["error"]["message"]
@@ -223,3 +236,20 @@ def test_a_zero_budget_ends_a_prompt_opened_block_at_once(think_open):
                      json={"messages": USER, "reasoning_budget_tokens": 0}, timeout=60).json()
     message = got["choices"][0]["message"]
     assert "reasoning_content" not in message and message["content"] == "Answer B."
+
+
+def test_a_grammar_applies_to_the_answer_after_the_thinking(qwen_style, think_open):
+    """The thoughts stay free and the constraint holds for what follows them: the same grammar from
+    the first token would forbid the thinking block (and did, before it was placed after it)."""
+    grammar = 'root ::= "Answer " [AB] "."'
+    got = client(think_open).chat.completions.create(model="m", messages=USER, extra_body={"grammar": grammar})
+    assert (got.choices[0].message.reasoning_content, got.choices[0].message.content) == ("Let me see.", "Answer B.")
+    # a thinking block the model opens itself (text tags), then an answer the grammar steers away from the script
+    kw = {"model": "m", "messages": USER, "logit_bias": NO_CALL, "extra_body": {"grammar": 'root ::= "It is " [a-z]+ "."'}}
+    message = client(qwen_style).chat.completions.create(**kw).choices[0].message
+    assert message.reasoning_content == "one two three four five six"
+    assert re.fullmatch(r"It is [a-z]+\.", message.content), message.content
+    raw = httpx.post(qwen_style.url + "/v1/chat/completions", json={
+        "messages": USER, "logit_bias": NO_CALL, "grammar": 'root ::= "It is " [a-z]+ "."',
+        "reasoning_format": "none"}, timeout=60).json()
+    assert raw["choices"][0]["message"]["content"].startswith("It is ")  # unsplit reasoning: constrained from the start
