@@ -139,6 +139,8 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
         raise ArgumentError("--max-body-size and --max-queue must be positive, --max-prompt-tokens >= 0")
     if config.timeout <= 0:
         raise ArgumentError("-to/--timeout must be a positive number of seconds")
+    if config.sleep_idle_seconds == 0 or config.sleep_idle_seconds < -1:
+        raise ArgumentError("--sleep-idle-seconds: invalid value: cannot be 0 or less than -1")
     if config.ctx_size < 0:
         raise ArgumentError("-c/--ctx-size must be >= 0 (0 = the model's own context length)")
     gcp_environment(config, env)

@@ -21,6 +21,7 @@ from mlxcel.server.http.gate import GateMiddleware
 from mlxcel.server.http.limits import BodyRefused, Limits
 from mlxcel.server.http.routes import completions, info, tokens, unsupported
 from mlxcel.server.http.routes.gcp import add_gcp_routes
+from mlxcel.server.http.sleep import IdleSleep, unload
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.startup import load_into
 from mlxcel.server.http.state import ServerState
@@ -48,10 +49,18 @@ def create_app(config: ServerConfig, loader: Callable[[], LoadedModel] | None = 
             if app.state.on_load_error is not None:
                 app.state.on_load_error(exc)
 
+    if config.sleep_idle_seconds > 0:
+        state.sleep = IdleSleep(state, config.sleep_idle_seconds, reload=lambda: load_into(state, loader),
+                                unload=lambda: unload(state))
+
     @asynccontextmanager
     async def lifespan(_app):
         threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
+        if state.sleep is not None:
+            state.sleep.start()
         yield
+        if state.sleep is not None:
+            state.sleep.stop()
         if state.scheduler is not None:
             state.scheduler.stop()
 

@@ -4,6 +4,7 @@ everything derived from it at load time (template, defaults, scheduler), and the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.limits import Limits
@@ -35,6 +36,7 @@ class ServerState:
     limits: Limits = field(default_factory=Limits)
     n_params: int = 0  # counted at load time, so no MLX call happens on the event loop
     piece_chars: int = 0  # longest vocabulary piece, for prompts.least_tokens
+    sleep: Any = None  # sleep.IdleSleep with --sleep-idle-seconds (it imports this module)
 
     @property
     def ready(self) -> bool:

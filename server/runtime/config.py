@@ -75,6 +75,7 @@ class ServerConfig:
     reasoning: str | None = None  # on | off | auto (normalized by the CLI): enable_thinking for the template
     reasoning_effort: str | None = None  # the template's reasoning_effort ("default": unset)
     timeout: int = 3600
+    sleep_idle_seconds: int = -1  # unload the model after this many idle seconds (-1: never)
     cors_origins: str | None = None  # unset: "*", or "localhost" when --tools is given (as upstream)
     tools: str | None = None
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
