@@ -41,7 +41,7 @@ NOT_IMPLEMENTED = {
 }
 
 
-def _not_implemented(message: str):
+def not_implemented(message: str):
     async def refuse():
         raise not_supported(message)
 
@@ -69,7 +69,5 @@ def add_routes(router: APIRouter) -> None:
     for path, what in DISABLED.items():
         router.add_api_route(path, _disabled(what), methods=["POST"])
     router.add_api_route("/infill", infill, methods=["POST"])
-    for path in ("/tools", "/cors-proxy"):
-        router.add_api_route(path, feature_disabled, methods=["GET", "POST"])
     for path, (methods, message) in NOT_IMPLEMENTED.items():
-        router.add_api_route(path, _not_implemented(message), methods=list(methods))
+        router.add_api_route(path, not_implemented(message), methods=list(methods))
