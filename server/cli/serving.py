@@ -71,6 +71,9 @@ def _begin_shutdown(app) -> None:
     server = getattr(app.state, "server", None)  # the single-model app's (the router has none)
     if server is not None and server.scheduler is not None:
         server.scheduler.begin_shutdown()
+    models = getattr(app.state, "models", None)  # the router's: its event streams end now
+    if models is not None:
+        models.stopping = True
     if app.state.tools is not None:
         try:
             asyncio.get_running_loop().call_soon_threadsafe(app.state.tools.begin_shutdown)
