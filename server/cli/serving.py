@@ -53,16 +53,9 @@ def _server_class():
 
 
 def _router_app(config: ServerConfig):
-    """No model given: upstream's router mode, with the built-in model listed when no source is."""
-    from mlxcel.engine.errors import ModelLoadError  # noqa: PLC0415 -- router mode only
-    from mlxcel.engine.model.loading import default_model_path  # noqa: PLC0415
-
-    try:
-        builtin = default_model_path()
-    except ModelLoadError:
-        builtin = None
+    """No model, models to route to: upstream's router mode."""
     options.register([*FLAGS, *EXTENSIONS])  # how presets and the command line name flags
-    return create_router_app(config, builtin)
+    return create_router_app(config)
 
 
 def _begin_shutdown(app) -> None:

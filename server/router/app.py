@@ -1,5 +1,5 @@
-"""Router mode: the server a command line with no model (no ``-m``, no ``--hf-repo``) starts, as
-upstream's. It loads no model itself: each model runs in a child ``mlxcel-server`` (see
+"""Router mode: the server a command line with no model (no ``-m``, no ``--hf-repo``) and a source
+of models (``--models-dir``, ``--models-preset``) starts, as upstream's. It loads no model itself: each model runs in a child ``mlxcel-server`` (see
 ``models.py``) and the router proxies to it, choosing the child by the request's ``model`` (the
 body's, or the ``?model=`` query of ``GET`` routes); ``GET /models`` lists every model with its
 status, ``POST /models/load`` / ``/models/unload`` start and stop them, ``GET /models/sse`` streams
@@ -11,9 +11,8 @@ every per-model route, flag and body comes from a real single-model server, unch
 that crashes or runs out of memory takes only its own process down, and stopping a process returns
 all of its memory to the system, which unloading inside one MLX process does not guarantee.
 
-Differences: a request naming no model goes to the only model when the router has exactly one
-(upstream: 400), so a bare ``mlxcel-server`` serves the built-in model as before; models are not
-downloaded (``POST /models`` answers 501) and the Hugging Face cache is not listed (a preset's
+Differences: a start with neither a model nor a source of models serves mlxcel's built-in model
+(upstream routes to its download cache, which mlxcel does not keep); models are not downloaded (``POST /models`` answers 501) and the Hugging Face cache is not listed (a preset's
 ``hf-repo`` reaches it); the errors upstream raises as 500 for a bad request are 400 / 404 here.
 """
 
@@ -98,9 +97,7 @@ def _autoload(request: Request, config: ServerConfig) -> bool:
 
 def _resolve(models: Models, name: str, autoload: bool):
     if not name:
-        if len(models.instances) != 1:
-            raise RouterError("model name is missing from the request")
-        name = next(iter(models.instances))  # mlxcel: the only model needs no name
+        raise RouterError("model name is missing from the request")
     inst = models.find(name)
     if inst is None:
         raise RouterError(f"model '{name}' not found")
@@ -115,9 +112,9 @@ def _ini(name: str, options: dict[str, str]) -> str:
     return "\n".join(lines) + "\n\n"
 
 
-def create_router_app(config: ServerConfig, builtin=None) -> FastAPI:
+def create_router_app(config: ServerConfig) -> FastAPI:
     try:
-        catalog = load_catalog(config.models_dir, config.models_preset, builtin)
+        catalog = load_catalog(config.models_dir, config.models_preset)
     except CatalogError as exc:
         raise RouterSetupError(str(exc)) from None
     router_options = from_argv(config.argv)
@@ -192,7 +189,7 @@ def create_router_app(config: ServerConfig, builtin=None) -> FastAPI:
         """``GET /models?reload=1``: the sources read again; running models whose settings changed
         or that are gone are stopped, new ones added (not loaded)."""
         try:
-            fresh = load_catalog(config.models_dir, config.models_preset, builtin)
+            fresh = load_catalog(config.models_dir, config.models_preset)
         except CatalogError as exc:
             raise RouterError(str(exc), 500, "server_error") from None
         for name, inst in list(models.instances.items()):

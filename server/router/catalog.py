@@ -10,8 +10,6 @@
   section applied under every model, and the preset-only keys ``load-on-startup``,
   ``stop-timeout`` and ``dedup-cache-models``; a section named like a ``--models-dir`` model
   adds to it;
-- with neither, the built-in default model (SmolLM2-135M-Instruct), so that a bare
-  ``mlxcel-server`` still serves it.
 
 Every model's server then also gets the router's own command line (``--temp 0`` on the router
 applies to every model), except the router's own settings and the model's source.
@@ -37,7 +35,7 @@ class CatalogError(Exception):
 @dataclass
 class ModelEntry:
     name: str
-    source: str  # preset | models_dir | builtin
+    source: str  # preset | models_dir
     options: dict[str, str] = field(default_factory=dict)  # canonical flag name -> value
     aliases: list[str] = field(default_factory=list)
     tags: list[str] = field(default_factory=list)
@@ -168,7 +166,7 @@ def _csv(value: str | None) -> list[str]:
     return sorted({v.strip() for v in (value or "").split(",") if v.strip()})
 
 
-def load_catalog(models_dir: str | None, models_preset: str | None, builtin: Path | None) -> dict[str, ModelEntry]:
+def load_catalog(models_dir: str | None, models_preset: str | None) -> dict[str, ModelEntry]:
     """Every model, by name (a models-dir model that a preset names too is merged, the preset winning)."""
     global_options: dict[str, str] = {}
     presets: dict[str, dict[str, str]] = {}
@@ -184,9 +182,6 @@ def load_catalog(models_dir: str | None, models_preset: str | None, builtin: Pat
             entries[name].source = "preset"
         else:
             entries[name] = ModelEntry(name, "preset", {**global_options, **options})
-    if not models_dir and not models_preset and builtin is not None:
-        name = builtin.name.replace(".gguf", "")
-        entries[name] = ModelEntry(name, "builtin", {"model": str(builtin)})
     # dedup-cache-models hides cache models a preset resolves to; no cache models are listed here
     _check_names(entries)
     return entries

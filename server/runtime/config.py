@@ -121,8 +121,10 @@ class ServerConfig:
 
     @property
     def router(self) -> bool:
-        """No model source: upstream's router mode (models in child servers)."""
-        return not self.model and not self.hf_repo
+        """Upstream's router mode (models in child servers): no model, and models to route to. With
+        neither (a bare start) mlxcel serves its built-in default model, where upstream routes to its
+        download cache, which mlxcel does not keep."""
+        return not self.model and not self.hf_repo and bool(self.models_dir or self.models_preset)
 
     @property
     def n_slots(self) -> int:

@@ -1,4 +1,4 @@
-"""``/tools`` and ``/cors-proxy`` on a real server (router mode: no model is loaded for these):
+"""``/tools`` and ``/cors-proxy`` on a real server (a router with no models, so that nothing loads):
 the built-in tools with their header-only parameters, streamed shell output, upstream's error
 bodies and statuses, an MCP server's tools (listed at startup, called, timed out, respawned after
 it dies) and the CORS proxy, which forwards only the headers the client names explicitly."""
@@ -27,9 +27,12 @@ def mcp_json(timeout_ms: int = 30000) -> str:
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = ServerProcess("--tools", "read_file,write_file,exec_shell_command,file_glob_search", "--ui-mcp-proxy",
-                         "--mcp-servers-json", mcp_json(timeout_ms=1500), "--api-key", "k", timeout=120)
+def server(tmp_path_factory):
+    empty = tmp_path_factory.mktemp("tools") / "no-models.ini"  # a router with no models: nothing loads
+    empty.write_text("; no models\n")
+    proc = ServerProcess("--models-preset", str(empty), "--tools", "read_file,write_file,exec_shell_command,"
+                         "file_glob_search", "--ui-mcp-proxy", "--mcp-servers-json", mcp_json(timeout_ms=1500),
+                         "--api-key", "k", timeout=120)
     yield proc
     proc.stop()
 
