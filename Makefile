@@ -5,6 +5,8 @@ HOST ?= 127.0.0.1
 PORT ?= 8080
 ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test` (the suite waits on servers more than it computes: 2 on 2 cores halves it)
+TEST_WORKERS ?= 2
 # Preloads OpenBLAS on a Linux CPU (see engine/platform/device.py).
 RUN := ./scripts/with-blas
 # Tests share the cores between the test process and the servers it starts: one OpenBLAS thread
@@ -22,8 +24,18 @@ setup-test:
 serve: setup
 	$(VENV)/bin/mlxcel-server --host $(HOST) --port $(PORT) $(ARGS)
 
+# Two workers, one test file each at a time (a file's module fixtures and servers stay in one process).
+# The fuzz file runs on its own afterwards: schemathesis gives all its cases one test id, which xdist
+# would run once.
+FUZZ_TESTS := tests/server/http/test_fuzz.py
+XDIST := -n $(TEST_WORKERS) --dist loadfile
 test: setup-test
-	$(TEST_RUN) $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+ifeq ($(strip $(PYTEST_ARGS)),)
+	$(TEST_RUN) $(PY) -m pytest -q -m "not slow" $(XDIST) --ignore $(FUZZ_TESTS)
+	$(TEST_RUN) $(PY) -m pytest -q -m "not slow" $(FUZZ_TESTS)
+else
+	$(TEST_RUN) $(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
+endif
 
 # Imports point down the layers (pyproject's [tool.importlinter]); pyflakes, import order, and no
 # project import inside a function unless it defers a heavy module and says so ([tool.ruff]).

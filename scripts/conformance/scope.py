@@ -15,7 +15,6 @@ OUT_OF_SCOPE = {
     "unit/test_rerank.py": "planned (issue 14): reranking answers 501",
     "unit/test_infill.py": "planned (issue 14): fill-in-the-middle answers 501",
     "unit/test_slot_save.py": "planned (issue 14): slot save/restore answers 501",
-    "unit/test_tool_call.py": "planned (issue 13): tool calls are rendered by the template, not parsed",
     "unit/test_lora.py": "not applicable: LoRA adapters are refused (--lora)",
     "unit/test_systemone.py": "not applicable: upstream's SystemOne task API answers 501",
 }

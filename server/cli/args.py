@@ -153,6 +153,10 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
         if text not in (*TRUTHY, *FALSEY, "auto"):
             raise ArgumentError(f"unknown value for --reasoning: {config.reasoning!r} (on, off or auto)")
         config.reasoning = "on" if text in TRUTHY else "off" if text in FALSEY else "auto"
+    if config.reasoning_format not in ("none", "auto", "deepseek", "deepseek-legacy"):
+        raise ArgumentError(f"Unknown reasoning format: {config.reasoning_format}")
+    if config.reasoning_budget < -1:
+        raise ArgumentError("--reasoning-budget: invalid value (-1 for no limit, or a number of tokens)")
     if config.chat_template_kwargs is not None:
         try:
             if not isinstance(json.loads(config.chat_template_kwargs), dict):

@@ -154,12 +154,16 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("add_generation_prompt", "supported", "chat"),
     ("continue_final_message", "supported", "chat: a final assistant message is continued (also without the field, "
      "as upstream); with add_generation_prompt true it is 400, as are two assistant messages at the end"),
-    ("tools", "divergent", "rendered by the model's chat template (and in /apply-template, input_tokens); the output "
-     "is not parsed into tool_calls yet"),
-    ("tool_choice", "divergent", "accepted; calls are not forced or parsed yet (the tools are rendered)"),
-    ("parallel_tool_calls", "divergent", "accepted; tool calls are not parsed yet"),
-    ("reasoning_format", "divergent", "none and auto are accepted and the reasoning stays in content (mlxcel does not "
-     "split it yet); deepseek and deepseek-legacy are 400"),
+    ("tools", "supported", "rendered by the model's chat template (and in /apply-template, input_tokens); calls in "
+     "the output are parsed into tool_calls (mlx-lm's parser for the template, else the template's own call "
+     "layout), finish_reason tool_calls, streamed as tool_calls deltas"),
+    ("tool_choice", "divergent", "auto/none as upstream; required and a named function reach the template (as "
+     "tool_choice) and the output is parsed, but no grammar forces a call yet (upstream treats a named function "
+     "as auto)"),
+    ("parallel_tool_calls", "divergent", "false keeps only the first call the output holds (upstream's grammar "
+     "forbids a second; no grammar here yet); default: whether the template renders two calls, as upstream"),
+    ("reasoning_format", "supported", "none leaves thinking in content; auto, deepseek and deepseek-legacy (as "
+     "this build reads it) put it in reasoning_content, final and streamed; the tags are the template's"),
     ("reasoning_effort", "supported", "passed to the chat template as upstream passes it ('none' is not)"),
     ("verbose", "supported", "chat: adds __verbose with the native body (so does a server started with --verbose)"),
     ("n_keep", "supported", "prompt tokens a context shift keeps (--context-shift)"),
@@ -192,7 +196,8 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     *((name, "refused", "400 unless null: set by llama-server's chat parser for the tasks it builds; mlxcel has no "
        "such parser") for name in ("chat_format", "chat_parser", "generation_prompt", "parse_tool_calls",
                                    "preserved_tokens", "grammar_lazy", "grammar_triggers", "reasoning_control")),
-    *((name, "refused", "400 unless null: reasoning budgets are not implemented")
+    *((name, "supported", "the end-of-thinking tag is forced once the budget is spent (chat: the template's tags; "
+       "native: the request's), exactly under speculation")
       for name in ("reasoning_budget_tokens", "reasoning_budget_start_tag", "reasoning_budget_end_tag",
                    "reasoning_budget_end_tags", "reasoning_budget_message", "thinking_budget_tokens")),
 ]

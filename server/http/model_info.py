@@ -40,7 +40,7 @@ def props(state) -> dict:
         "ui": False,
         "ui_settings": {},
         "chat_template": state.template or "",
-        "chat_template_caps": {
+        "chat_template_caps": dict(state.template_info.caps) or {
             "supports_object_arguments": False, "supports_parallel_tool_calls": False,
             "supports_preserve_reasoning": False, "supports_reasoning_effort": False,
             "supports_string_content": True, "supports_system_role": True, "supports_tool_calls": False,

@@ -14,11 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mlxcel.server.http import reasoning
+from mlxcel.server.http.chat_output import ChatParsing
 from mlxcel.server.http.chat_template import apply_template, normalize_messages
 from mlxcel.server.http.prompts import check_tokens, least_tokens, split_prompts, tokenize_prompt
 from mlxcel.server.http.request_params import check_unsupported, generation_options
 from mlxcel.server.http.schema import INT_MAX, ChatRequest, CompletionRequest, SamplingFields, check_range, validate
 from mlxcel.server.http.state import ServerState
+from mlxcel.server.http.tool_calls import check_tools, history_messages
 from mlxcel.server.runtime.errors import context_exceeded, context_exceeded_at_least, invalid
 from mlxcel.server.runtime.task import GenerationOptions
 
@@ -42,6 +45,7 @@ class CompletionPlan:
     response_fields: list[str] | None = None  # native: only these fields of each body
     verbose: bool = False  # chat: __verbose carries the native body
     echo: bool = False  # OpenAI completions: the prompt's text before each completion
+    chat: ChatParsing | None = None  # chat: what to read out of the output (reasoning, tool calls)
 
     @property
     def stream(self) -> bool:
@@ -74,23 +78,55 @@ def prompt_tokens(state: ServerState, prompt: Any) -> list[int]:
     return tokens
 
 
-def render_chat(state: ServerState, req: ChatRequest, body: dict) -> str:
-    """A chat request's messages through the template in force, as prompt text.
+@dataclass
+class RenderedChat:
+    """A chat request's prompt text, and what its output is read with."""
 
-    As upstream: a final assistant message is continued rather than closed (assistant prefill),
-    unless the request sets ``continue_final_message`` itself; continuing and
-    ``add_generation_prompt: true`` together are refused, and so are two assistant messages at
-    the end."""
+    prompt: str
+    generation_prompt: str  # what the generation prompt (and a continued message) adds at the end
+    tools: list | None
+    tool_choice: str | dict
+
+
+def render_chat(state: ServerState, req: ChatRequest, body: dict) -> str:
+    """A chat request's messages through the template in force, as prompt text."""
+    return _render(state, req, body).prompt
+
+
+def _check_messages(messages: list[dict]) -> None:
+    for msg in messages:
+        role = msg.get("role")
+        if role != "assistant" and "content" not in msg:
+            raise invalid("All non-assistant messages must contain 'content'")
+        if role == "assistant" and "content" not in msg and "tool_calls" not in msg:
+            raise invalid("Assistant message must contain either 'content' or 'tool_calls'!")
+
+
+def _render(state: ServerState, req: ChatRequest, body: dict, with_generation_prompt: bool = False) -> RenderedChat:
+    """Render a chat request. As upstream: a final assistant message is continued rather than
+    closed (assistant prefill), unless the request sets ``continue_final_message`` itself;
+    continuing and ``add_generation_prompt: true`` together are refused, and so are two assistant
+    messages at the end. Tools reach the template as ``tools`` (with ``tool_choice`` and
+    ``parallel_tool_calls``); history tool calls as the template takes them. With
+    ``with_generation_prompt`` the template is rendered once more without the generation prompt,
+    to tell what the generation prompt adds."""
     if "messages" not in body:
         raise invalid("'messages' is required")
+    if isinstance(req.messages, list):
+        _check_messages([m for m in req.messages if isinstance(m, dict)])
     messages = normalize_messages(req.messages)
+    messages = history_messages(messages, state.template_info.object_arguments)
     kwargs = {**state.template_kwargs, **(req.chat_template_kwargs or {})}
     if not state.jinja and req.tools:
         raise invalid("tools param requires --jinja flag")
     if not state.jinja and isinstance(req.tool_choice, str) and req.tool_choice != "auto":
         raise invalid("tool_choice param requires --jinja flag")
-    if req.tools:
-        kwargs["tools"] = req.tools  # rendered by the model's own template
+    tools, tool_choice = check_tools(req.tools, req.tool_choice)
+    if tools:
+        kwargs["tools"] = tools  # rendered by the model's own template
+        if tool_choice not in ("auto", "none"):  # what upstream never renders: only a template that reads it sees it
+            kwargs["tool_choice"] = tool_choice if isinstance(tool_choice, str) else \
+                {"type": "function", "function": tool_choice}
     if isinstance(kwargs.get("enable_thinking"), str):
         raise invalid('invalid type for "enable_thinking" (expected boolean, got string)')
     if req.reasoning_effort == "none":  # as upstream: "none" turns thinking off
@@ -109,14 +145,40 @@ def render_chat(state: ServerState, req: ChatRequest, body: dict) -> str:
         raise invalid("Cannot set both add_generation_prompt and continue_final_message to true.")
     if continuing and messages[-1]["role"] != "assistant":
         continuing = False  # nothing to continue: the template renders as it is asked to
+    if continuing and messages[-1].get("tool_calls"):
+        raise invalid("Cannot continue an assistant message that contains tool calls.")
+
+    def render(msgs: list[dict], gen: bool, continuation: str | None = None) -> str:
+        return apply_template(state.loaded.tokenizer, state.template, msgs, gen, dict(kwargs),
+                              continuation=continuation, jinja=state.jinja, legacy_format=state.legacy_format)
+
     if not continuing:
-        return apply_template(state.loaded.tokenizer, state.template, messages, add_gen, kwargs,
-                              jinja=state.jinja, legacy_format=state.legacy_format)
-    # as upstream: the final message's text parts are joined with a blank line, and go after the
-    # generation prompt of the messages before it, untouched
-    tail = normalize_messages(req.messages[-1:], join="\n\n")[0]["content"]
-    return apply_template(state.loaded.tokenizer, state.template, messages[:-1], True, kwargs, continuation=tail,
-                          jinja=state.jinja, legacy_format=state.legacy_format)
+        prompt = render(messages, add_gen)
+        tail_text, base = "", messages
+    else:
+        # as upstream: the final message's text parts are joined with a blank line, and go after the
+        # generation prompt of the messages before it, untouched
+        tail_text = normalize_messages(req.messages[-1:], join="\n\n")[0]["content"]
+        base = messages[:-1]
+        prompt = render(base, True, continuation=tail_text)
+    gen_prompt = ""
+    if with_generation_prompt and state.jinja:
+        with_gen = prompt[:len(prompt) - len(tail_text)] if continuing else prompt
+        if continuing or add_gen:
+            without = render(base, False) if base else ""
+            gen_prompt = reasoning.generation_prompt(with_gen, without) + tail_text
+    return RenderedChat(prompt, gen_prompt, tools, tool_choice)
+
+
+def _chat_parsing(state: ServerState, req: ChatRequest, rendered: RenderedChat, fmt: str) -> ChatParsing:
+    markers = state.think if fmt != "none" else None
+    calls = state.call_syntax if rendered.tools and rendered.tool_choice != "none" else None
+    open_thinking = markers is not None and reasoning.opens_thinking(rendered.generation_prompt, markers)
+    parallel = req.parallel_tool_calls
+    if parallel is None:  # as upstream: the template's own capability
+        parallel = state.template_info.caps.get("supports_parallel_tool_calls", False)
+    return ChatParsing(think=markers, open_thinking=open_thinking, calls=calls, tools=rendered.tools,
+                       parallel=bool(parallel))
 
 
 def check_sampling_fields(req: SamplingFields, n_predict: int | None, n_probs: int) -> None:
@@ -202,6 +264,10 @@ def native_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionP
     n_predict = _first(req.n_predict, req.max_completion_tokens, req.max_tokens)
     n_probs = _first(req.n_probs, None if isinstance(req.logprobs, bool) else req.logprobs) or 0
     opts = _options(state, req, n_predict, n_probs)
+    opts.reasoning_format = reasoning.check_format(req.reasoning_format, "none")
+    opts.reasoning_budget = reasoning.budget_spec(
+        req, state.loaded.tokenizer, budget=reasoning.budget_tokens(req, state.config.reasoning_budget), markers=None,
+        message=state.config.reasoning_budget_message)
     _check_total(state, len(prompts), n)
     return CompletionPlan(prompts, opts, n, t_arrival, response_fields=req.response_fields)
 
@@ -222,7 +288,9 @@ def oai_completion_plan(state: ServerState, body: dict, t_arrival: float) -> Com
 def chat_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPlan:
     """``POST /v1/chat/completions`` (and ``/chat/completions``)."""
     req = validate(ChatRequest, body)
-    prompt = render_chat(state, req, body)
+    fmt = reasoning.check_format(req.reasoning_format, state.config.reasoning_format)
+    rendered = _render(state, req, body, with_generation_prompt=state.think is not None)
+    prompt = rendered.prompt
     tokens = prompt_tokens(state, prompt)
     n = _choices(state, req.n, "n")
     n_predict = next((v for v in (req.max_completion_tokens, req.max_tokens, req.n_predict) if v is not None), None)
@@ -230,9 +298,16 @@ def chat_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPla
     top_n = req.top_logprobs if req.logprobs else None
     if top_n is not None:
         check_range("top_logprobs", top_n, 0, 20)
+    chat = _chat_parsing(state, req, rendered, fmt)
+    if req.logprobs and req.stream and chat.calls is not None:
+        raise invalid("logprobs is not supported with tools + stream")
     n_probs = max(top_n or 0, 1) if req.logprobs else 0
     opts = _options(state, req, n_predict, n_probs)
+    opts.reasoning_format = fmt
+    opts.reasoning_budget = reasoning.budget_spec(
+        req, state.loaded.tokenizer, budget=reasoning.budget_tokens(req, state.config.reasoning_budget),
+        markers=state.think, prefill=rendered.generation_prompt, message=state.config.reasoning_budget_message)
     _check_total(state, 1, n)
     return CompletionPlan([tokens], opts, n, t_arrival, rendered=prompt, logprobs=bool(req.logprobs), top_n=top_n,
                           include_usage=bool((req.stream_options or {}).get("include_usage")),
-                          verbose=bool(req.verbose) or state.config.verbose)
+                          verbose=bool(req.verbose) or state.config.verbose, chat=chat)

@@ -194,22 +194,17 @@ def check_unsupported(req: SamplingFields) -> None:
     for name in CHAT_PARSER_FIELDS:
         if getattr(req, name) is not None:
             raise invalid(f"Field '{name}': {CHAT_PARSER_FIELDS[name]}")
-    if req.reasoning_format not in (None, "none", "auto"):
-        raise invalid(f"Field 'reasoning_format': {req.reasoning_format!r} is not supported by mlxcel yet: it does not "
-                      "split reasoning from content; use \"none\" (the reasoning stays in the content)")
     if req.speculative_ngram_min_hits not in (None, 0, 1):
         raise invalid("Field 'speculative.ngram_min_hits': mlxcel's prompt lookup proposes every match (min hits 1)")
 
 
-# Fields llama-server's chat parser sets for its own tasks, and reasoning budgets: mlxcel has neither
-# yet, and honouring them silently would change the output, so they are refused unless null.
+# Fields llama-server's chat parser sets for its own tasks: mlxcel reads its output its own way
+# (http.chat_output), and honouring them silently would change the output, so they are refused
+# unless null. (The reasoning budget fields are honoured: http.reasoning.)
 _PARSER = "set by llama-server's chat parser for the tasks it builds; mlxcel has no such parser, so it cannot honour it"
-_BUDGET = "reasoning budgets are not implemented in mlxcel"
 CHAT_PARSER_FIELDS = {
     "chat_format": _PARSER, "chat_parser": _PARSER, "generation_prompt": _PARSER, "parse_tool_calls": _PARSER,
     "preserved_tokens": _PARSER, "grammar_lazy": _PARSER, "grammar_triggers": _PARSER, "reasoning_control": _PARSER,
-    "reasoning_budget_tokens": _BUDGET, "reasoning_budget_start_tag": _BUDGET, "reasoning_budget_end_tag": _BUDGET,
-    "reasoning_budget_end_tags": _BUDGET, "reasoning_budget_message": _BUDGET, "thinking_budget_tokens": _BUDGET,
 }
 
 

@@ -14,9 +14,12 @@ from mlxcel.drafters.loading import load_target
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.chat_template import legacy_format, resolve_template
 from mlxcel.server.http.prompts import longest_piece
+from mlxcel.server.http.reasoning import think_markers
 from mlxcel.server.http.request_params import build_defaults
 from mlxcel.server.http.state import ServerState
+from mlxcel.server.http.template_caps import probe_template
 from mlxcel.server.http.token_text import TokenText
+from mlxcel.server.http.tool_calls import call_syntax
 from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.speculation import Speculation
@@ -48,6 +51,14 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
             log.warning("--no-jinja: the model's chat template matches no built-in format; chat requests "
                         "will be refused (start with --jinja, or name a format with --chat-template)")
     state.template_kwargs = template_kwargs(config)
+    if state.jinja:
+        state.template_info = probe_template(loaded.tokenizer, state.template)
+        state.call_syntax = call_syntax(state.template, loaded.tokenizer, state.template_info)
+    state.think = think_markers(state.template_info, loaded.tokenizer)
+    if state.call_syntax is not None or state.think is not None:
+        log.info("chat output: tool calls read with %s; thinking tags %s",
+                 state.call_syntax.source if state.call_syntax else "nothing (no parser for this template)",
+                 f"{state.think.start} ... {state.think.end}" if state.think else "none")
     state.defaults = build_defaults(config)
     # as upstream: the aliases (a set, so the name is the first in order), else the model as given
     state.aliases = comma_set(config.alias) or [config.model or config.hf_repo or loaded.path.name]

@@ -9,7 +9,9 @@ from typing import Any
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.limits import Limits
 from mlxcel.server.http.request_params import ServerDefaults
+from mlxcel.server.http.template_caps import TemplateInfo, ThinkMarkers
 from mlxcel.server.http.token_text import TokenText
+from mlxcel.server.http.tool_calls import CallSyntax
 from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.metrics import Metrics
 from mlxcel.server.runtime.scheduler import Scheduler
@@ -29,6 +31,9 @@ class ServerState:
     jinja: bool = True  # --no-jinja: render with upstream's built-in format legacy_format
     legacy_format: str | None = None
     template_kwargs: dict = field(default_factory=dict)
+    template_info: TemplateInfo = field(default_factory=TemplateInfo)  # what the template can do (probed)
+    think: ThinkMarkers | None = None  # the thinking tags (template's, else the vocabulary's)
+    call_syntax: CallSyntax | None = None  # how tool calls are read back (None: not at all)
     token_text: TokenText | None = None
     metrics: Metrics = field(default_factory=Metrics)
     load_error: str | None = None

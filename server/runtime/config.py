@@ -74,6 +74,9 @@ class ServerConfig:
     gcp_health_route: str | None = None  # AIP_HEALTH_ROUTE: /health served there too
     reasoning: str | None = None  # on | off | auto (normalized by the CLI): enable_thinking for the template
     reasoning_effort: str | None = None  # the template's reasoning_effort ("default": unset)
+    reasoning_format: str = "auto"  # none | auto | deepseek | deepseek-legacy: whether thinking is split out
+    reasoning_budget: int = -1  # thinking tokens before the end tag is forced (-1: no limit)
+    reasoning_budget_message: str | None = None  # forced before the end tag when the budget is spent
     timeout: int = 3600
     sleep_idle_seconds: int = -1  # unload the model after this many idle seconds (-1: never)
     cors_origins: str | None = None  # unset: "*", or "localhost" when --tools is given (as upstream)

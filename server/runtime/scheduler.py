@@ -317,7 +317,8 @@ class Scheduler:
         """One verify round for a speculating row, on its own cache."""
         run, spec = slot.run, slot.run.spec
         try:
-            result = spec.round(self.lm.model, slot.cache, run.chain, run.prompt + run.generated, run.room())
+            result = spec.round(self.lm.model, slot.cache, run.round_chain(), run.prompt + run.generated,
+                                run.round_room())
             now = time.perf_counter()
             used = 0
             for token in result.emitted:

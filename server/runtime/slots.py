@@ -21,6 +21,7 @@ from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.server.runtime.detokenizer import IncrementalDetokenizer
 from mlxcel.server.runtime.errors import ApiError
+from mlxcel.server.runtime.reasoning_budget import ReasoningBudget, forcing_params
 from mlxcel.server.runtime.stop_strings import find_stop, partial_stop_length
 from mlxcel.server.runtime.task import Failed, Final, Partial, Progress, Result, Task, TokenProb
 from mlxcel.server.runtime.timings import Timings
@@ -113,6 +114,8 @@ class SlotRun:
         self.fault: str | None = None  # faults.FaultPlan stage armed for this request (tests only)
         stops = self.opts.stop
         self.max_stop = max((len(s) for s in stops), default=0)
+        spec = self.opts.reasoning_budget
+        self.budget = ReasoningBudget(spec, complete=self._whole_character) if spec is not None else None
 
     # -- prompt ---------------------------------------------------------------------------------
 
@@ -181,11 +184,34 @@ class SlotRun:
         self.truncated = True
         return self.head
 
+    def _whole_character(self, token: int) -> bool:
+        return not self.tokenizer.decode([token]).endswith("\ufffd")
+
+    def round_chain(self) -> SamplerChain:
+        """The sampler chain of the next verify round: the request's, or one that can only pick
+        the token the reasoning budget forces (``reasoning_budget``)."""
+        forced = self.budget.forced if self.budget is not None else None
+        if forced is None:
+            return self.chain
+        return SamplerChain(forcing_params(forced), vocab_size=self.chain.vocab_size,
+                            eos_token_ids=self.chain.eos_token_ids)
+
+    def round_room(self) -> int:
+        """How many tokens the next verify round may emit: ``room()``, and no further than a point
+        where the reasoning budget may start forcing its end tag."""
+        room = self.room()
+        return room if self.budget is None else min(room, self.budget.round_limit())
+
     def sample(self, logits: mx.array) -> int:
-        """Choose the next token from ``logits[V]`` (the row for this request)."""
+        """Choose the next token from ``logits[V]`` (the row for this request); while the reasoning
+        budget forces its end tag, the forced token."""
         history = self.prompt + self.generated
         row = logits[None]
-        token = self.chain.select(row, history, seed=self.seed, first_position=len(history))[0]
+        forced = self.budget.forced if self.budget is not None else None
+        if forced is not None:
+            token = forced
+        else:
+            token = self.chain.select(row, history, seed=self.seed, first_position=len(history))[0]
         if self.opts.n_probs > 0:
             prob = self._token_probs(row, history, token)
             self.probs.append(prob)
@@ -208,6 +234,8 @@ class SlotRun:
         self.t_last = now
         self.generated.append(token)
         self.pending_tokens.append(token)
+        if self.budget is not None:
+            self.budget.accept(token)
         if token in self.eos_ids and not self.opts.sampler.ignore_eos:
             self.stop_type = "eos"
             self.done = True

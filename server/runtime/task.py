@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.server.runtime.reasoning_budget import BudgetSpec
 from mlxcel.server.runtime.timings import Timings
 
 _task_ids = itertools.count()
@@ -48,6 +49,8 @@ class GenerationOptions:
     spec_n_min: int | None = None  # speculative.n_min
     spec_stochastic: bool | None = None  # speculative.stochastic_accept (mlxcel): overrides the environment switch
     speculative_types: str = "none"  # echoed as generation_settings["speculative.types"]
+    reasoning_budget: BudgetSpec | None = None  # thinking tokens before the end tag is forced
+    reasoning_format: str = "none"  # echoed in generation_settings
     # echoed in generation_settings, not otherwise used
     echo: dict[str, Any] = field(default_factory=dict)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from mlxcel.server.http.chat_output import ChatOutput, ChatParsing, Delta
 from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
 from mlxcel.server.http.formats.native import native_final, prompt_progress
 from mlxcel.server.http.formats.openai import (
@@ -21,12 +22,31 @@ from mlxcel.server.runtime.task import Partial, Progress, Result
 from mlxcel.server.runtime.timings import Timings
 
 
+def chat_finish_reason(result: Result, called: bool) -> str:
+    """``tool_calls`` when the output held calls and ended on its own, as upstream."""
+    reason = finish_reason(result.stop_type)
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def chat_message(result: Result, parsing: ChatParsing | None) -> dict:
+    """The assistant message of one choice: content, and the reasoning and tool calls read out of it."""
+    out = ChatOutput(parsing or ChatParsing())
+    out.feed(result.content)
+    out.finish()
+    message = {"role": "assistant", "content": out.content}
+    if out.reasoning:
+        message["reasoning_content"] = out.reasoning
+    if out.tool_calls:
+        message["tool_calls"] = [c.to_json() for c in out.tool_calls]
+    return message
+
+
 def chat_completion(results: list[Result], *, model: str, id: str, text: TokenText, logprobs: bool,
-                    top_n: int | None = None) -> dict:
+                    top_n: int | None = None, parsing: ChatParsing | None = None) -> dict:
     choices = []
     for i, r in enumerate(results):
-        choice = {"finish_reason": finish_reason(r.stop_type), "index": i,
-                  "message": {"role": "assistant", "content": r.content}}
+        message = chat_message(r, parsing)
+        choice = {"finish_reason": chat_finish_reason(r, "tool_calls" in message), "index": i, "message": message}
         if logprobs:
             choice["logprobs"] = logprobs_json(r, text, top_n)
         choices.append(choice)
@@ -73,7 +93,7 @@ class ChatFormat(ResponseFormat):
 
     def body(self, state: ServerState, plan: CompletionPlan, results: list[Result], indices: list[int]) -> dict:
         out = chat_completion(results, model=state.model_name, id=completion_id(), text=state.token_text,
-                              logprobs=plan.logprobs, top_n=plan.top_n)
+                              logprobs=plan.logprobs, top_n=plan.top_n, parsing=plan.chat)
         if plan.verbose:
             verbose = native_final(results[0], plan.options, index=0, model=state.model_name,
                                    prompt_text=plan.rendered or "", text=state.token_text)
@@ -100,6 +120,7 @@ class ChatStream(CompletionStream):
         self.id = completion_id()
         self.created = int(time.time())
         self.opened: set[int] = set()
+        self.outputs = {i: ChatOutput(plan.chat or ChatParsing()) for i in indices}
 
     def _chunk(self, **kw) -> dict:
         return chat_chunk(model=self.state.model_name, id=self.id, created=self.created, **kw)
@@ -124,19 +145,42 @@ class ChatStream(CompletionStream):
     def progress(self, index: int, progress: Progress) -> list[dict]:
         return [self._role(index, progress)]
 
+    def _deltas(self, index: int, delta: Delta, logprobs: dict | None = None, timings=None) -> list[dict]:
+        """The chunks of one settled delta: reasoning, then content, then each tool call (its id and
+        name, then its arguments), as upstream's diffs go out; ``logprobs`` and ``timings`` ride
+        the first and the last of them."""
+        bodies: list[dict] = []
+        if delta.reasoning:
+            bodies.append({"reasoning_content": delta.reasoning})
+        if delta.content:
+            bodies.append({"content": delta.content})
+        out = self.outputs[index]
+        first_call = len(out.tool_calls) - len(delta.tool_calls)
+        for k, call in enumerate(delta.tool_calls):
+            i = first_call + k
+            bodies.append({"tool_calls": [{"index": i, "id": call.id, "type": "function",
+                                           "function": {"name": call.name}}]})
+            bodies.append({"tool_calls": [{"index": i, "function": {"arguments": call.arguments}}]})
+        chunks = []
+        for k, body in enumerate(bodies):
+            chunks.append(self._chunk(index=index, delta=body, logprobs=logprobs if k == 0 else None,
+                                      timings=timings if k == len(bodies) - 1 else None))
+        return chunks
+
     def partial(self, index: int, partial: Partial) -> list[dict]:
         chunks = self._open(index)
         if partial.text:
             lp = ({"content": probs_json(partial.probs, self.state.token_text, False, self.plan.top_n)}
                   if self.plan.logprobs else None)
-            chunks.append(self._chunk(index=index, delta={"content": partial.text}, logprobs=lp,
-                                      timings=partial.timings))
+            chunks += self._deltas(index, self.outputs[index].feed(partial.text), lp, partial.timings)
         return chunks
 
     def final(self, index: int, result: Result) -> list[dict]:
         usage_chunk = self.plan.include_usage
         chunks = self._open(index)
-        chunks.append(self._chunk(index=index, finish=finish_reason(result.stop_type),
+        out = self.outputs[index]
+        chunks += self._deltas(index, out.finish())
+        chunks.append(self._chunk(index=index, finish=chat_finish_reason(result, bool(out.tool_calls)),
                                   timings=None if usage_chunk else result.timings))
         if usage_chunk:
             chunks.append(self._chunk(empty_choices=True, usage_of=result, timings=result.timings))

@@ -75,7 +75,7 @@ def generation_settings(opts: GenerationOptions) -> dict:
         "grammar_triggers": [],
         "preserved_tokens": [],
         "chat_format": "Content-only",
-        "reasoning_format": "none",
+        "reasoning_format": opts.reasoning_format,
         "reasoning_in_content": False,
         "generation_prompt": "",
         "samplers": list(opts.samplers),

@@ -58,7 +58,7 @@ def _sample(flag) -> list[str]:
     value = {"int": "4", "float": "0.5"}.get(flag.type, "x")
     if flag.dest == "chat_template":
         value = "chatml"
-    value = {"reasoning": "on", "chat_template_kwargs": "{}"}.get(flag.dest, value)
+    value = {"reasoning": "on", "chat_template_kwargs": "{}", "reasoning_format": "deepseek"}.get(flag.dest, value)
     return [value] * flag.nargs
 
 

@@ -171,10 +171,10 @@ CASES = {
                                            "continue_final_message": True, "add_generation_prompt": False},
                                           lambda p: p.rstrip().endswith("four")),
     "tools": chat_prompt({"tools": [{"type": "function", "function": {"name": "get_weather_xyz", "parameters": {}}}]},
-                         lambda p: True),  # rendered where the template renders tools (divergent: not parsed)
+                         lambda p: True),  # rendered where the template renders tools (parsed: test_tool_calls_reasoning)
     "tool_choice": body_has("/v1/chat/completions", {**CHAT, "tool_choice": "none"}, lambda b: True),
     "parallel_tool_calls": body_has("/v1/chat/completions", {**CHAT, "parallel_tool_calls": False}, lambda b: True),
-    "reasoning_format": refused("reasoning_format", "deepseek", path="/v1/chat/completions", base=CHAT),
+    "reasoning_format": refused("reasoning_format", "sometimes", path="/v1/chat/completions", base=CHAT),
     "reasoning_effort": body_has("/v1/chat/completions", {**CHAT, "reasoning_effort": "low"}, lambda b: True),
     "verbose": body_has("/v1/chat/completions", {**CHAT, "verbose": True}, lambda b: "__verbose" in b),
     "n_keep": echoed("n_keep", 4),
@@ -206,9 +206,11 @@ CASES = {
     "model": body_has("/completion", {**SAMPLED, "model": "anything"}, lambda b: True),
     **{name: refused(name, "x") for name in (
         "chat_format", "chat_parser", "generation_prompt", "parse_tool_calls", "preserved_tokens", "grammar_lazy",
-        "grammar_triggers", "reasoning_control", "reasoning_budget_tokens", "reasoning_budget_start_tag",
-        "reasoning_budget_end_tag", "reasoning_budget_end_tags", "reasoning_budget_message",
-        "thinking_budget_tokens")},
+        "grammar_triggers", "reasoning_control")},
+    # honoured (tests/server/http/test_tool_calls_reasoning.py forces the end tag); here: a bad value is refused
+    **{name: refused(name, value) for name, value in (
+        ("reasoning_budget_tokens", "x"), ("thinking_budget_tokens", "x"), ("reasoning_budget_start_tag", 5),
+        ("reasoning_budget_end_tag", 5), ("reasoning_budget_end_tags", "x"), ("reasoning_budget_message", 5))},
 }
 
 
