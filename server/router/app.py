@@ -37,7 +37,7 @@ from mlxcel.server.http.limits import BodyLimit
 from mlxcel.server.http.routes import cors_proxy, tools, unsupported
 from mlxcel.server.http.sse import JsonResponse, event, event_stream
 from mlxcel.server.router.catalog import CatalogError, load_catalog
-from mlxcel.server.router.models import Instance, Models, RouterError
+from mlxcel.server.router.models import Models, RouterError
 from mlxcel.server.router.options import ROUTER_ONLY, from_argv
 from mlxcel.server.router.proxy import forward
 from mlxcel.server.runtime.config import ServerConfig
@@ -186,31 +186,11 @@ def create_router_app(config: ServerConfig) -> FastAPI:
         return JsonResponse({"data": data, "object": "list"})
 
     async def reload() -> None:
-        """``GET /models?reload=1``: the sources read again; running models whose settings changed
-        or that are gone are stopped, new ones added (not loaded)."""
         try:
             fresh = load_catalog(config.models_dir, config.models_preset)
         except CatalogError as exc:
             raise RouterError(str(exc), 500, "server_error") from None
-        for name, inst in list(models.instances.items()):
-            if name not in fresh or fresh[name].options != inst.entry.options:
-                if inst.running:
-                    log.info("(reload) unloading model name=%s (source updated or removed)", name)
-                    models.unload(name)
-        for name, inst in list(models.instances.items()):
-            if inst.running:
-                while models.instances[name].status != "unloaded" and (
-                        name not in fresh or fresh[name].options != inst.entry.options):
-                    await asyncio.sleep(0.1)
-            if name not in fresh:
-                del models.instances[name]
-            elif not models.instances[name].running:
-                models.instances[name].entry = fresh[name]
-                models.instances[name].exit_code = 0
-        for name, entry in fresh.items():
-            if name not in models.instances:
-                models.instances[name] = Instance(entry, args=models._argv(Instance(entry), 0))
-        models.broadcast("models_reload", "*")
+        await models.reconcile(fresh)
 
     async def body_json(request: Request) -> tuple[bytes, dict]:
         raw = await request.body()

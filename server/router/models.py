@@ -324,6 +324,31 @@ class Models:
         if procs:
             await asyncio.gather(*(p.wait() for p in procs), return_exceptions=True)
 
+    async def reconcile(self, catalog: dict[str, ModelEntry]) -> None:
+        """``GET /models?reload=1``: the sources read again. A running model whose settings changed
+        or that is gone is stopped first; then gone models leave the list, the others take their new
+        settings and new ones are added (not loaded)."""
+        changed = [name for name, inst in self.instances.items()
+                   if inst.running and (name not in catalog or catalog[name].options != inst.entry.options)]
+        for name in changed:
+            log.info("(reload) unloading model name=%s (source updated or removed)", name)
+            self._request_stop(self.instances[name])
+        while any(self.instances[name].running for name in changed):
+            await self._wait_change(POLL_S)
+        for name in list(self.instances):
+            inst = self.instances[name]
+            if name not in catalog:
+                del self.instances[name]
+            elif not inst.running:
+                inst.entry, inst.exit_code = catalog[name], 0
+                inst.args = self._argv(inst, 0)
+        for name, entry in catalog.items():
+            if name not in self.instances:
+                inst = self.instances[name] = Instance(entry)
+                inst.args = self._argv(inst, 0)
+        self.broadcast("models_reload", "*")
+        self._notify()
+
     async def load_startup_models(self) -> None:
         for inst in list(self.instances.values()):
             if inst.entry.load_on_startup:

@@ -17,10 +17,15 @@ KEY = {"Authorization": "Bearer rk"}
 
 
 @pytest.fixture(scope="module")
-def router(tiny_llama_dir, tmp_path_factory):
-    preset = tmp_path_factory.mktemp("router") / "models.ini"
-    preset.write_text(f"[*]\nc = 256\n; a comment\n\n[a]\nmodel = {tiny_llama_dir}\n\n"
-                      f"[b]\nmodel = {tiny_llama_dir}\nalias = bee\nnp = 1\n")
+def preset(tiny_llama_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("router") / "models.ini"
+    path.write_text(f"[*]\nc = 256\n; a comment\n\n[a]\nmodel = {tiny_llama_dir}\n\n"
+                    f"[b]\nmodel = {tiny_llama_dir}\nalias = bee\nnp = 1\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def router(preset):
     proc = ServerProcess("--models-preset", str(preset), "--models-max", "1", "--api-key", "rk", "--temp", "0",
                          timeout=120)
     yield proc
@@ -104,3 +109,14 @@ def test_autoload_eviction_and_manual_control(router):
     wait_status(router, "a", "loaded")
     seen = [(e["model"], e.get("data", {}).get("status")) for e in events if e["event"] == "status_change"]
     assert ("a", "loaded") in seen and ("b", "unloaded") in seen
+
+
+def test_reload_reads_the_preset_again(router, preset, tiny_llama_dir):
+    original = preset.read_text()
+    try:
+        preset.write_text(f"[*]\nc = 256\n\n[a]\nmodel = {tiny_llama_dir}\n\n[c]\nmodel = {tiny_llama_dir}\n")
+        r = httpx.get(router.url + "/models?reload=1", timeout=120)
+        assert {m["id"] for m in r.json()["data"]} == {"a", "c"}
+    finally:
+        preset.write_text(original)
+        assert {m["id"] for m in httpx.get(router.url + "/models?reload=1", timeout=120).json()["data"]} == {"a", "b"}
