@@ -80,11 +80,13 @@ class DraftModelDrafter(Drafter):
                                f"!= {len(sequence)} tokens in the sequence")
         logits = self._forward(feed)
         self.owed = []
-        draws = DraftDraws(sequence)
+        draws = DraftDraws(sequence, self.grammar)
         for i in range(k):
+            if draws.done:
+                break
             if i:
                 logits = self._forward([draws.tokens[-1]])
-            draws.add(*self._draw(logits, draws.history, draws.position))
+            draws.add(*self._draw(draws.constrain(logits), draws.history, draws.position))
         return draws.proposal()
 
     def observe(self, sequence: Sequence[int], proposal: Proposal, accepted: int) -> None:

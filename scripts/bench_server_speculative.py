@@ -31,7 +31,7 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "tests" / "helpers"))  # the helpers moved there with the test layout
 from server_process import ServerProcess  # noqa: E402
 
 PARAGRAPH = ("The old lighthouse stood on the edge of the cliff for more than two hundred years. Every night its "

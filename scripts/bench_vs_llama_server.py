@@ -12,6 +12,12 @@ Arms (each at every ``--threads`` count T):
   one-row matmul shim preloaded), with ``OPENBLAS_NUM_THREADS=T``.
 * ``mlxcel-no-sgemv``: the same server with ``MLXCEL_SGEMV=0`` (OpenBLAS's sgemm for every
   matmul), to show what the shim buys in the same run.
+* ``mlxcel-f32``: the same server with ``MLXCEL_WEIGHTS=float32`` (quantized weights dequantized
+  to float32, as before the CPU kernels), to show what the kernels buy in the same run.
+
+``--clients N`` measures aggregate throughput instead: every server runs ``-np N`` and each round
+sends N requests at once (different prompts); tok/s is all generated tokens over the round's wall
+time. Each server's resident memory (VmRSS after the warm-up) is reported too.
 * ``mlx_lm``: mlx-lm's ``generate_step`` in a worker process on the same weights (loaded by
   mlxcel, so float32 from the same GGUF) with OpenBLAS preloaded and no shim: mlx-lm as it runs at
   its best on this CPU without our changes.
@@ -92,6 +98,22 @@ class Server:
         t = j["timings"]
         return {"tps": t["predicted_per_second"], "n": t["predicted_n"], "text": j["content"]}
 
+    def rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def decode_many(self, prompts: list[str], n: int) -> dict:
+        """All prompts at once; aggregate generated tokens / wall time."""
+        import concurrent.futures
+
+        start = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            done = list(pool.map(lambda p: self.decode(p, n), prompts))
+        wall = time.perf_counter() - start
+        return {"tps": sum(d["n"] for d in done) / wall, "n": sum(d["n"] for d in done), "text": done[0]["text"]}
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -143,12 +165,14 @@ def mlx_lm_worker(model: str) -> None:
                           "text": lm.tokenizer.decode(toks)}), flush=True)
 
 
-def child_env(threads: int, sgemv: bool) -> dict:
+def child_env(threads: int, sgemv: bool, weights: str | None = None) -> dict:
     from mlxcel.engine.platform.device import env_with_fast_blas
 
-    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXCEL_BLAS_PRELOADED")}
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXCEL_BLAS_PRELOADED", "MLXCEL_WEIGHTS")}
     env["OPENBLAS_NUM_THREADS"] = str(threads)
     env["MLXCEL_SGEMV"] = "1" if sgemv else "0"
+    if weights:
+        env["MLXCEL_WEIGHTS"] = weights
     return env_with_fast_blas(env)
 
 
@@ -159,7 +183,8 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--n-predict", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--arms", default="llama-server,mlxcel,mlxcel-no-sgemv,mlx_lm")
+    parser.add_argument("--arms", default="llama-server,mlxcel,mlxcel-f32")
+    parser.add_argument("--clients", type=int, default=1, help="concurrent requests (servers run -np N)")
     parser.add_argument("--out", default=None, help="also write the JSON result here")
     parser.add_argument("--mlx-lm-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -185,26 +210,33 @@ def main() -> None:
                 log = logs / f"vs-llama-{kind}-t{t}.log"
                 if kind == "llama-server":
                     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-                    cmd = [str(llama), "-m", model, "-t", str(t), "-tb", str(t), "-np", "1", "-c", "2048",
+                    np_ = str(args.clients)
+                    cmd = [str(llama), "-m", model, "-t", str(t), "-tb", str(t), "-np", np_, "-c", str(2048 * args.clients),
                            "--host", "127.0.0.1", "--port", port]
                     arms.append(Server(name, cmd, env, log))
-                elif kind in ("mlxcel", "mlxcel-no-sgemv"):
-                    cmd = [sys.executable, "-m", "mlxcel.server.cli", "-m", model, "-np", "1", "-c", "2048",
-                           "-t", str(t), "--host", "127.0.0.1", "--port", port]
-                    arms.append(Server(name, cmd, child_env(t, kind == "mlxcel"), log))
+                elif kind in ("mlxcel", "mlxcel-no-sgemv", "mlxcel-f32"):
+                    cmd = [sys.executable, "-m", "mlxcel.server.cli", "-m", model, "-np", str(args.clients),
+                           "-c", str(2048 * args.clients), "-t", str(t), "--host", "127.0.0.1", "--port", port]
+                    env = child_env(t, kind != "mlxcel-no-sgemv", "float32" if kind == "mlxcel-f32" else None)
+                    arms.append(Server(name, cmd, env, log))
                 elif kind == "mlx_lm":
                     arms.append(MlxLmWorker(name, model, child_env(t, sgemv=False)))
                 else:
                     raise SystemExit(f"unknown arm {kind}")
         for arm in arms:  # warm-up
             arm.decode(PROMPTS[0], 8)
+        rss = {arm.name: arm.rss_mb() for arm in arms if isinstance(arm, Server)}
         load_start = os.getloadavg()[0]
         results = {arm.name: [] for arm in arms}
         texts = {}
         for _ in range(args.repeats):
-            for prompt in PROMPTS:
+            for i, prompt in enumerate(PROMPTS):
                 for arm in arms:
-                    r = arm.decode(prompt, args.n_predict)
+                    if args.clients > 1:
+                        batch = [PROMPTS[(i + j) % len(PROMPTS)] + f" (request {j})" for j in range(args.clients)]
+                        r = arm.decode_many(batch, args.n_predict)
+                    else:
+                        r = arm.decode(prompt, args.n_predict)
                     results[arm.name].append(r["tps"])
                     texts.setdefault(arm.name, {})[prompt] = r["text"]
         load_end = os.getloadavg()[0]
@@ -213,27 +245,29 @@ def main() -> None:
             arm.stop()
 
     med = {name: statistics.median(v) for name, v in results.items()}
-    out = {"model": Path(model).name, "n_predict": args.n_predict, "repeats": args.repeats,
+    out = {"model": Path(model).name, "n_predict": args.n_predict, "repeats": args.repeats, "clients": args.clients,
            "prompts": len(PROMPTS), "load_avg_start": load_start, "load_avg_end": load_end,
-           "median_decode_tps": med, "all_decode_tps": results}
+           "median_decode_tps": med, "all_decode_tps": results, "rss_mb": rss}
     print(json.dumps(out))
+    what = "decode tok/s" if args.clients == 1 else f"aggregate tok/s, {args.clients} clients"
     print(f"\n{out['model']}, n_predict {args.n_predict}, {len(PROMPTS)} prompts x {args.repeats} repeats, "
-          f"load average {load_start:.1f} -> {load_end:.1f}\n")
+          f"{args.clients} client(s), load average {load_start:.1f} -> {load_end:.1f}\n")
     threads = sorted({name.split("t=")[1] for name in med})
-    print("| threads | arm | decode tok/s (median) | mlxcel / arm |")
-    print("|---:|---|---:|---:|")
+    print(f"| threads | arm | {what} (median) | mlxcel / arm | RSS MB |")
+    print("|---:|---|---:|---:|---:|")
     for t in threads:
         ours = med.get(f"mlxcel t={t}")
         for name, v in med.items():
             if name.endswith(f"t={t}"):
                 ratio = f"{ours / v:.2f}x" if ours else "-"
-                print(f"| {t} | {name.split(' t=')[0]} | {v:.1f} | {ratio} |")
+                print(f"| {t} | {name.split(' t=')[0]} | {v:.1f} | {ratio} | {rss.get(name, float('nan')):.0f} |")
     for t in threads:
         a, b = texts.get(f"mlxcel t={t}"), texts.get(f"llama-server t={t}")
         if a and b:
             same = sum(a[p] == b[p] for p in a)
             print(f"\nt={t}: mlxcel and llama-server texts identical on {same}/{len(a)} prompts "
-                  f"(llama.cpp computes Q4_1 x Q8_1 products; mlxcel runs the dequantized weights in float32)")
+                  f"(both multiply the quantized blocks by 8-bit activations, llama.cpp per 32 with Q8_1 rounding, "
+                  f"mlxcel per 32 with its own, so the two are different roundings of the same model)")
     if args.out:
         Path(args.out).write_text(json.dumps(out, indent=1))
 

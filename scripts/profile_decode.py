@@ -121,7 +121,8 @@ def profile(loaded, context: int, reps: int) -> dict:
     n_heads, n_kv, hd = attn0.n_heads, attn0.n_kv_heads, attn0.head_dim
     q = mx.random.normal((1, n_heads, 1, hd))
     k1 = mx.random.normal((1, n_kv, 1, hd))
-    mlp_hidden = layers[0].mlp.gate_proj.weight.shape[0]
+    gate = layers[0].mlp.gate_proj
+    mlp_hidden = (gate.weight_spec if hasattr(gate, "weight_spec") else gate.weight).shape[0]
     g = mx.random.normal((1, 1, mlp_hidden))
     u = mx.random.normal((1, 1, mlp_hidden))
     o_in = mx.random.normal((1, 1, n_heads * hd))

@@ -150,9 +150,11 @@ class DFlashDrafter(ModelDrafter):
 
     def _draw_rows(self, logits: mx.array, sequence: Sequence[int]) -> Proposal:
         """One draft per row: the argmax when greedy, else a draw from q (returned)."""
-        draws = DraftDraws(sequence)
+        draws = DraftDraws(sequence, self.grammar)
         for i in range(logits.shape[0]):
-            draws.add(*self._draw(logits[i : i + 1], draws.history, draws.position))
+            if draws.done:
+                break
+            draws.add(*self._draw(draws.constrain(logits[i : i + 1]), draws.history, draws.position))
         return draws.proposal()
 
     def _draw(self, row: mx.array, history: list[int], position: int) -> tuple[int, mx.array | None]:

@@ -40,8 +40,10 @@ class DSparkDrafter(DFlashDrafter):
         block = [int(sequence[-1])] + [self.spec.mask_token_id] * (k - 1)
         base = self._rows_logits(self._block_hidden(block))  # [k, V]
         vocab = base.shape[-1]
-        draws = DraftDraws(sequence)
+        draws = DraftDraws(sequence, self.grammar)
         for i in range(k):  # the Markov head's bias follows the previous token (the pending one, then each draft)
+            if draws.done:
+                break
             bias = self.network.markov_head(mx.array([draws.history[-1]]))[:, :vocab]
-            draws.add(*self._draw(base[i : i + 1] + bias, draws.history, draws.position))
+            draws.add(*self._draw(draws.constrain(base[i : i + 1] + bias), draws.history, draws.position))
         return draws.proposal()

@@ -145,12 +145,14 @@ class MtpDrafter(ModelDrafter):
                                              self.cache)
             if i + self.prefill_step < len(tokens):
                 mx.eval([c.state for c in self.cache])
-        draws = DraftDraws(sequence)
+        draws = DraftDraws(sequence, self.grammar)
         for i in range(k):
+            if draws.done:
+                break
             if i:
                 logits, chained = self.head.step([draws.tokens[-1]], chained[-1:], self.cache)
                 self.provisional += 1
-            draws.add(*self._draw(logits[-1:], draws.history, draws.position))
+            draws.add(*self._draw(draws.constrain(logits[-1:]), draws.history, draws.position))
         return draws.proposal()
 
     def _draw(self, logits: mx.array, history: list[int], position: int) -> tuple[int, mx.array | None]:

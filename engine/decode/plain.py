@@ -6,6 +6,10 @@ logits of position ``i - 1`` with the sampler's history ``sequence[:i]`` and the
 position ``i`` (``random_keys.position_key``). A speculative verify round applies the same
 chain to the same position, so under one seed both paths emit the same tokens.
 
+A constrained sequence (``grammar``: its ``GrammarMatcher``) picks every token with the grammar's
+mask applied (the mask of the next position is computed while the forward over the current token
+runs), advances the matcher over it, and ends when the grammar does (finish reason "stop").
+
 Cache invariant: at every yield (and after the loop ends) the cache holds exactly the KV
 entries of ``sequence[:cache_length(cache)]``; it may or may not already include the last
 emitted token, because the next step's forward is queued before that token is handed out.
@@ -23,6 +27,7 @@ import mlx.core as mx
 from mlxcel.engine.decode.kv_cache import cache_length, rewind
 from mlxcel.engine.errors import PromptError
 from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 
 DEFAULT_PREFILL_STEP = 512
 # Give freed buffers back to the allocator this often (as mlx-lm does) so a long generation
@@ -72,13 +77,15 @@ def generate_tokens(
     eos_token_ids: Sequence[int] | None = None,
     prefill_step: int = DEFAULT_PREFILL_STEP,
     stop_check: Callable[[list[int]], bool] | None = None,
+    grammar: GrammarMatcher | None = None,
 ) -> Iterator[DecodeStep]:
     """Generate up to ``max_tokens`` tokens after ``prompt``, one ``DecodeStep`` per token.
 
     ``cache`` may already hold a prefix of ``prompt`` (``cache_length(cache)`` tokens, which
     must equal ``prompt[:that]``); only the rest is prefilled. Generation stops after an EOS
     token (yielded, with finish_reason "stop"; never when the sampler's ``ignore_eos`` is set),
-    when ``stop_check(generated_tokens)`` returns True, or after ``max_tokens`` tokens."""
+    when ``stop_check(generated_tokens)`` returns True, when ``grammar`` (the sequence's matcher,
+    advanced over every token) is complete, or after ``max_tokens`` tokens."""
     if len(prompt) == 0:
         raise PromptError("the prompt is empty")
     if max_tokens <= 0:
@@ -97,7 +104,8 @@ def generate_tokens(
     mx.reset_peak_memory()
     start = time.perf_counter()
     logits = prefill(model, prompt[cached:], cache, prefill_step)
-    y = chain.pick(logits[None], history, seed=seed, first_position=len(history))
+    y = chain.pick(logits[None], history, seed=seed, first_position=len(history),
+                   allowed=_allowed(grammar, logits.shape[-1]))
     mx.eval(y)
     prompt_time = time.perf_counter() - start
     prompt_tps = (len(prompt) - cached) / max(prompt_time, 1e-9)
@@ -114,8 +122,11 @@ def generate_tokens(
         token = int(y.item())
         history.append(token)
         generated.append(token)
+        if grammar is not None:
+            grammar.advance([token])
 
-        if token in eos or (stop_check is not None and stop_check(generated)):
+        if token in eos or (grammar is not None and grammar.stopped) or (stop_check is not None
+                                                                           and stop_check(generated)):
             finish = "stop"
         elif last:
             finish = "length"
@@ -138,5 +149,11 @@ def generate_tokens(
             return
         if n % CLEAR_CACHE_EVERY == 0:
             mx.clear_cache()
-        y = chain.pick(next_logits[None], history, seed=seed, first_position=len(history))
+        y = chain.pick(next_logits[None], history, seed=seed, first_position=len(history),
+                       allowed=_allowed(grammar, next_logits.shape[-1]))
         mx.async_eval(y)
+
+
+def _allowed(grammar: GrammarMatcher | None, vocab_size: int) -> mx.array | None:
+    """The grammar's mask for the next position, ``[1, V]`` (None unconstrained)."""
+    return None if grammar is None else allowed_rows(grammar.masks(), vocab_size)

@@ -1,5 +1,5 @@
-"""Turn GGUF tensors into MLX arrays: llama.cpp's block formats, its q/k row order, and
-its tensor names.
+"""Turn GGUF tensors into MLX arrays: llama.cpp's block formats and its q/k row order
+(tensor names are ``names.py``'s).
 
 Three block formats map exactly onto MLX's affine quantization (groups of 32, one scale and
 one bias per group), so on a GPU they stay quantized without any loss:
@@ -12,6 +12,11 @@ one bias per group), so on a GPU they stay quantized without any loss:
 MLX packs element k into bits 4 (k mod 8) of word k / 8, so the nibbles are re-ordered.)
 Every other type (K-quants, Q5_*, IQ*, BF16) is dequantized with the ``gguf`` package's
 reference numpy code, in float32, then cast to the compute dtype.
+
+On a CPU with mlxcel's kernels (``to_packed``), quantized matrices instead stay in their own
+blocks, re-laid out for the kernels (``engine/platform/qmatmul.py``): Q4_0, Q4_1, Q8_0, Q4_K, Q5_K
+and Q6_K exactly; any other quantized type is re-packed to Q8_0 (dequantized, then quantized to
+8 bits per block of 32: the nearest format the kernels run, not bit-exact; the loader logs it).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from gguf import quants
 
 from mlxcel.engine.errors import UnsupportedQuantError
 from mlxcel.engine.gguf.file import TensorInfo
+from mlxcel.engine.platform import qmatmul
+from mlxcel.engine.platform.qmatmul import PackedWeight
 
 GROUP_SIZE = 32
 AFFINE_BLOCK_TYPES = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8}
@@ -99,6 +106,25 @@ def to_mlx(info: TensorInfo, *, keep_quantized: bool, dtype: mx.Dtype) -> mx.arr
     return mx.array(dequantize_numpy(info)).astype(dtype)
 
 
+FLOAT_TYPES = {Q.F32, Q.F16, Q.BF16, Q.F64}
+PACKED_TYPES = {Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K}
+
+
+def packable(info: TensorInfo) -> bool:
+    """Whether ``to_packed`` takes this tensor: a quantized matrix (float tensors stay float)."""
+    return len(info.shape) == 2 and info.qtype not in FLOAT_TYPES and info.shape[-1] % GROUP_SIZE == 0
+
+
+def to_packed(info: TensorInfo) -> tuple[PackedWeight, bool]:
+    """A quantized matrix in the CPU kernels' packed layout, and whether it was re-packed to Q8_0
+    (a type the kernels do not run as stored)."""
+    n, k = info.shape
+    if info.qtype in PACKED_TYPES:
+        return qmatmul.pack_gguf(np.ascontiguousarray(info.data), int(info.qtype), n, k), False
+    raw = quants.quantize(dequantize_numpy(info), Q.Q8_0)
+    return qmatmul.pack_gguf(raw, int(Q.Q8_0), n, k), True
+
+
 def llama_qk_rows(n_rows: int, n_head: int) -> np.ndarray:
     """Row order that undoes llama.cpp's q/k permutation.
 
@@ -113,40 +139,26 @@ def llama_qk_rows(n_rows: int, n_head: int) -> np.ndarray:
 
 
 def permute_rows(info: TensorInfo, order: np.ndarray) -> TensorInfo:
-    """The same tensor with its rows (output features) taken in ``order``. Blocks run along
-    rows, so this works on raw quantized bytes as well as on floats."""
-    return TensorInfo(name=info.name, qtype=info.qtype, shape=info.shape, data=np.take(info.data, order, axis=0))
+    """The same tensor with its rows (output features) taken in ``order`` (a permutation or a
+    selection; for a stack of matrices, the rows of each). Blocks run along rows, so this works
+    on raw quantized bytes as well as on floats."""
+    axis = 0 if info.data.ndim == 1 else info.data.ndim - 2
+    data = np.take(info.data, order, axis=axis)
+    shape = info.shape[:axis] + (len(order),) + info.shape[axis + 1:]
+    return TensorInfo(name=info.name, qtype=info.qtype, shape=shape, data=data)
 
 
-# llama.cpp tensor names (per block ``blk.N.``) -> mlx-lm / Hugging Face module paths.
-_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_BLOCK_NAMES = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-# Present in some GGUFs but carried by the config instead of by a module parameter.
-NON_PARAMETER_TENSORS = {"rope_freqs.weight"}
-
-
-def hf_name(gguf_name: str) -> str | None:
-    """The mlx-lm parameter path for a GGUF tensor name, or None if we do not know it."""
-    stem, _, suffix = gguf_name.rpartition(".")
-    if stem in _GLOBAL_NAMES:
-        return f"{_GLOBAL_NAMES[stem]}.{suffix}"
-    parts = stem.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _BLOCK_NAMES:
-        return f"model.layers.{parts[1]}.{_BLOCK_NAMES[parts[2]]}.{suffix}"
-    return None
+def concat_rows(infos: list[TensorInfo]) -> TensorInfo:
+    """Several tensors' rows stacked, as one tensor: raw when they share a type (blocks never
+    span rows), else as float32."""
+    if len(infos) == 1:
+        return infos[0]
+    axis = 0 if infos[0].data.ndim == 1 else infos[0].data.ndim - 2
+    if len({info.qtype for info in infos}) == 1:
+        data = np.concatenate([info.data for info in infos], axis=axis)
+        qtype = infos[0].qtype
+    else:
+        data = np.concatenate([dequantize_numpy(info) for info in infos], axis=axis)
+        qtype = Q.F32
+    shape = infos[0].shape[:axis] + (sum(info.shape[axis] for info in infos),) + infos[0].shape[axis + 1:]
+    return TensorInfo(name="+".join(info.name for info in infos), qtype=qtype, shape=shape, data=data)

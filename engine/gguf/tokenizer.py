@@ -23,57 +23,87 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalize
 from transformers import PreTrainedTokenizerFast
 
 from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.gguf.special_tokens import NORMAL, TokenRoles, token_roles
 
 log = logging.getLogger(__name__)
 
-# tokenizer.ggml.token_type values (llama.cpp's llama_token_type).
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
-# Split patterns of the original tokenizers, keyed by tokenizer.ggml.pre.
-_GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                   r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-# pre name -> (regex applied before the byte-level step or None for GPT-2's own,
-#              split digits one by one first, BPE ignore_merges)
-PRE_TOKENIZERS: dict[str, tuple[str | None, bool, bool]] = {
-    "gpt-2": (None, False, False),
-    "gpt2": (None, False, False),
-    "mpt": (None, False, False),
-    "olmo": (None, False, False),
-    "jais": (None, False, False),
-    "smollm": (None, True, False),
-    "starcoder": (None, True, False),
-    "refact": (None, True, False),
-    "command-r": (None, True, False),
-    "codeshell": (None, True, False),
-    "exaone": (None, True, False),
-    "minerva-7b": (None, True, False),
-    "llama3": (_LLAMA3_PATTERN, False, True),
-    "llama-v3": (_LLAMA3_PATTERN, False, True),
-    "llama-bpe": (_LLAMA3_PATTERN, False, True),
-    "falcon3": (_LLAMA3_PATTERN, False, True),
-    "qwen2": (_QWEN2_PATTERN, False, False),
-    "deepseek-r1-qwen": (_QWEN2_PATTERN, False, False),
-    "stablelm2": (_QWEN2_PATTERN, False, False),
-    "megrez": (_QWEN2_PATTERN, False, False),
-}
+# Split patterns of the original tokenizers, keyed by tokenizer.ggml.pre: the regexes llama.cpp
+# applies in turn (llama-vocab.cpp), written as the tokenizer.json they come from has them where
+# llama.cpp rewrote them for its own regex engine (case-insensitive groups, \p{Lu}-style classes).
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+          r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN35 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+           r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+           r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_DEEPSEEK3 = [r"\p{N}{1,3}", r"[一-龥぀-ゟ゠-ヿ]+",
+              r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+              r"| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"]
+# (three ranges end in Greek letters with a canonical decomposition; they are written as
+# escapes for the codepoints the original tokenizer has, U+1F7D, U+1FD3, U+1FDB, not their NFC forms)
+_DEEPSEEK_LLM = [r"[\r\n]",
+                 r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\x{1F7D}ᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-\x{1FD3}ῖ-\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+                 r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}+"]
+_BLOOM = r" ?[^(\s|.,!?…。，、।۔،)]+"
 
 
-# Token texts llama.cpp treats as end-of-generation whatever the metadata says (it decides EOG
-# by text; see llama-vocab.cpp), and its fill-in-the-middle pad/repo/separator candidates,
-# which it also counts as EOG.
-EOG_TEXTS = {
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-}
-FIM_CANDIDATES = {
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "fim_sep": ("<|file_sep|>",),
-}
+@dataclass(frozen=True)
+class PreTokenizer:
+    """How llama.cpp splits text before byte-level BPE for one ``tokenizer.ggml.pre``."""
+
+    regexes: tuple[str, ...]
+    ignore_merges: bool = False  # a whole word in the vocabulary is one token, merges or not
+    add_bos: bool = False  # llama.cpp's default when the file does not say
+
+
+def _pre(*regexes: str, ignore_merges: bool = False, add_bos: bool = False) -> PreTokenizer:
+    return PreTokenizer(tuple(regexes), ignore_merges, add_bos)
+
+
+_FAMILIES: list[tuple[tuple[str, ...], PreTokenizer]] = [
+    (("default",), _pre(r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")),
+    (("gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4", "mellum", "a.x-4.0",
+      "gigachat", "jina-es", "jina-de", "jina-v2-es", "jina-v2-de", "modern-bert", "jina-v1-en", "jina-v2-code",
+      "roberta-bpe"), _pre(_GPT2)),
+    (("starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b", "mellum2"),
+     _pre(r"\p{N}", _GPT2)),
+    (("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2", "jina-v5-nano"),
+     _pre(_LLAMA3, ignore_merges=True, add_bos=True)),
+    (("dbrx", "smaug-bpe"), _pre(_LLAMA3)),
+    (("chatglm-bpe",), _pre(_LLAMA3)),
+    (("glm4", "glm5"), _pre(_LLAMA3, ignore_merges=True)),
+    (("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open", "grok-2"),
+     _pre(_QWEN2)),
+    (("qwen35",), _pre(_QWEN35)),
+    (("gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"), _pre(_GPT4O)),
+    (("tekken",), _pre(_TEKKEN, ignore_merges=True, add_bos=True)),
+    (("deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"), _pre(*_DEEPSEEK3)),
+    (("deepseek-llm",), _pre(*_DEEPSEEK_LLM)),
+    (("deepseek-coder",), _pre(r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", r"[一-龥ࠀ-一가-퟿]+", r"\p{N}")),
+    (("falcon",), _pre(r"[\p{P}\$\+<=>\^~\|`]+", r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+                       r"[0-9][0-9][0-9]")),
+    (("viking",), _pre(_BLOOM, r"\p{N}")),
+    (("bloom", "poro-chat", "gpt3-finnish"), _pre(_BLOOM)),
+    (("seed-coder",), _pre(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
+                           r"|\s*[\r\n]+|\s+(?!\S)|\s+")),
+    (("bailingmoe", "bailingmoe2", "llada-moe"), _pre(r"'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                                                       r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+")),
+    (("laguna",), _pre(r"[^\n]+|[\n]+", _QWEN2)),
+    (("exaone-moe",), _pre(r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+                           r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+")),
+    (("minicpm5",), _pre(r"\p{N}{1,3}", r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+"
+                         r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+", ignore_merges=True)),
+    (("ufakzeka",), _pre(r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")),
+]
+PRE_TOKENIZERS: dict[str, PreTokenizer] = {name: pre for names, pre in _FAMILIES for name in names}
 
 
 @dataclass
@@ -89,7 +119,12 @@ class SpecialIds:
     eog: frozenset[int] = frozenset()  # every token that ends generation, as llama.cpp decides
 
 
-def special_ids(metadata: dict[str, Any], n_tokens: int) -> SpecialIds:
+def special_ids(metadata: dict[str, Any], n_tokens: int, roles: TokenRoles | None = None) -> SpecialIds:
+    if roles is None:
+        tokens = list(metadata.get("tokenizer.ggml.tokens") or [])
+        types = metadata.get("tokenizer.ggml.token_type")
+        roles = token_roles(metadata, tokens, [int(t) for t in types] if types is not None else [NORMAL] * len(tokens))
+
     def tid(name: str) -> int | None:
         value = metadata.get(f"tokenizer.ggml.{name}_token_id")
         return int(value) if value is not None and 0 <= int(value) < n_tokens else None
@@ -97,30 +132,15 @@ def special_ids(metadata: dict[str, Any], n_tokens: int) -> SpecialIds:
     kind = metadata.get("tokenizer.ggml.model")
     bos = tid("bos")
     add_bos = metadata.get("tokenizer.ggml.add_bos_token")
-    if add_bos is None:  # llama.cpp's defaults: SentencePiece vocabularies add BOS, byte-level BPE ones do not
-        add_bos = kind == "llama"
+    if add_bos is None:  # llama.cpp's defaults: SentencePiece adds BOS; byte-level BPE as its pre-tokenizer says
+        pre = PRE_TOKENIZERS.get(str(metadata.get("tokenizer.ggml.pre") or "default"))
+        add_bos = kind == "llama" or (kind == "gpt2" and pre is not None and pre.add_bos)
     return SpecialIds(
         bos=bos, eos=tid("eos"), eot=tid("eot"), eom=tid("eom"), unk=tid("unknown"), pad=tid("padding"),
         add_bos=bool(add_bos) and bos is not None,
         add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)) and tid("eos") is not None,
-        eog=frozenset(_eog_ids(metadata, tid)),
+        eog=frozenset(roles.eog),
     )
-
-
-def _eog_ids(metadata: dict[str, Any], tid) -> set[int]:
-    tokens = metadata.get("tokenizer.ggml.tokens") or []
-    by_text: dict[str, int] = {}
-    for i, text in enumerate(tokens):
-        by_text.setdefault(text, i)
-    eog = {by_text[t] for t in EOG_TEXTS if t in by_text}
-    for kind, candidates in FIM_CANDIDATES.items():
-        found = tid(kind)
-        if found is None:
-            found = next((by_text[t] for t in candidates if t in by_text), None)
-        if found is not None:
-            eog.add(found)
-    eog.update(i for i in (tid("eos"), tid("eot"), tid("eom")) if i is not None)
-    return eog
 
 
 def build_tokenizers_object(metadata: dict[str, Any], source: str) -> tuple[Tokenizer, SpecialIds]:
@@ -132,7 +152,8 @@ def build_tokenizers_object(metadata: dict[str, Any], source: str) -> tuple[Toke
     tokens = list(tokens)
     types = metadata.get("tokenizer.ggml.token_type")
     types = [int(t) for t in types] if types is not None else [NORMAL] * len(tokens)
-    ids = special_ids(metadata, len(tokens))
+    roles = token_roles(metadata, tokens, types)
+    ids = special_ids(metadata, len(tokens), roles)
     vocab: dict[str, int] = {}
     for i, tok in enumerate(tokens):
         vocab.setdefault(tok, i)  # a duplicated string keeps its first id, as llama.cpp does
@@ -147,15 +168,14 @@ def build_tokenizers_object(metadata: dict[str, Any], source: str) -> tuple[Toke
             "and 'llama' (SentencePiece) vocabularies"
         )
 
-    # Control and user-defined tokens are matched whole, never split by the pre-tokenizer.
+    # Control and user-defined tokens (as llama.cpp decides them, special_tokens.py) are matched
+    # whole, never split by the pre-tokenizer.
     added = []
-    for i, (text, ttype) in enumerate(zip(tokens, types)):
+    for i in sorted(roles.control | roles.user_defined):
+        text = tokens[i]
         if vocab.get(text) != i:
             continue
-        if ttype == CONTROL:
-            added.append(AddedToken(text, special=True, normalized=False))
-        elif ttype == USER_DEFINED:
-            added.append(AddedToken(text, special=False, normalized=False))
+        added.append(AddedToken(text, special=i in roles.control, normalized=False))
     tok.add_special_tokens([t for t in added if t.special])
     tok.add_tokens([t for t in added if not t.special])
 
@@ -173,22 +193,26 @@ def build_tokenizers_object(metadata: dict[str, Any], source: str) -> tuple[Toke
 
 def _byte_level_bpe(metadata: dict[str, Any], vocab: dict[str, int], source: str) -> Tokenizer:
     merges = [tuple(m.split(" ", 1)) for m in metadata.get("tokenizer.ggml.merges") or []]
-    pre = str(metadata.get("tokenizer.ggml.pre", "default"))
-    if pre not in PRE_TOKENIZERS:
-        log.warning("%s: unknown pre-tokenizer %r; splitting text as GPT-2 does, which may tokenize "
-                    "some inputs differently from llama.cpp", source, pre)
-    pattern, split_digits, ignore_merges = PRE_TOKENIZERS.get(pre, PRE_TOKENIZERS["gpt-2"])
+    pre = pre_tokenizer(metadata, source)
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False,
-                               ignore_merges=ignore_merges))
-    steps = []
-    if split_digits:
-        steps.append(pre_tokenizers.Digits(individual_digits=True))
-    if pattern is not None:
-        steps.append(pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False))
-    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=pattern is None))
-    tok.pre_tokenizer = steps[0] if len(steps) == 1 else pre_tokenizers.Sequence(steps)
+                               ignore_merges=pre.ignore_merges))
+    steps = [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in pre.regexes]
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
     return tok
+
+
+def pre_tokenizer(metadata: dict[str, Any], source: str) -> PreTokenizer:
+    """The split a byte-level vocabulary's ``tokenizer.ggml.pre`` names. llama.cpp refuses a
+    name it does not know; so do we, naming it."""
+    name = str(metadata.get("tokenizer.ggml.pre") or "default")
+    if name not in PRE_TOKENIZERS:
+        raise ModelLoadError(
+            f"{source}: unknown pre-tokenizer {name!r} (tokenizer.ggml.pre); mlxcel knows "
+            + ", ".join(sorted(PRE_TOKENIZERS))
+        )
+    return PRE_TOKENIZERS[name]
 
 
 def _sentencepiece_bpe(metadata: dict[str, Any], tokens: list[str], vocab: dict[str, int], ids: SpecialIds) -> Tokenizer:

@@ -1,39 +1,53 @@
 """Load a llama.cpp GGUF file as an mlx-lm model: the file a llama-server user passes with ``-m``.
 
-Steps, top to bottom in ``load_gguf``: parse the header (``gguf_file``), map metadata to an
-mlx-lm config (``gguf_config``), rebuild the tokenizer (``gguf_tokenizer``), convert tensors
-(``gguf_tensors``: undo the llama q/k row permutation, keep Q4_0/Q4_1/Q8_0 quantized on a GPU,
-dequantize everything else to the compute dtype), then build mlx-lm's model class, quantize the
-modules whose weights arrived quantized, and load the weights strictly.
+Steps, top to bottom in ``load_gguf``: parse the header (``gguf.file``), pick the architecture
+and map its metadata to an mlx-lm config (``gguf.config``, ``gguf.architectures``), rebuild the
+tokenizer (``gguf.tokenizer``), plan every parameter's source tensors (``gguf.weight_plan``),
+convert them (``gguf.tensors``: keep Q4_0/Q4_1/Q8_0 quantized on a GPU, keep every quantized
+matrix packed on a CPU with mlxcel's kernels, dequantize everything else to the compute dtype; the
+architecture's row orders and value changes applied on the way), then build mlx-lm's model class,
+quantize (or swap in packed modules for) the modules whose weights arrived quantized, and load the
+weights strictly.
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.rope_utils import Llama3RoPE
+from mlx.utils import tree_flatten
 
 from mlxcel.engine.errors import ModelLoadError
-from mlxcel.engine.gguf.config import ARCHITECTURES, architecture, model_config
+from mlxcel.engine.gguf.architectures import ARCHITECTURES, Conversion, TensorIndex
+from mlxcel.engine.gguf.config import architecture, model_config
 from mlxcel.engine.gguf.file import GGUFFile, read_gguf
+from mlxcel.engine.gguf.metadata import ArchMetadata
 from mlxcel.engine.gguf.tensors import (
-    NON_PARAMETER_TENSORS,
     QuantizedWeight,
+    concat_rows,
     dequantize_numpy,
-    hf_name,
-    llama_qk_rows,
+    packable,
     permute_rows,
     to_mlx,
+    to_packed,
 )
 from mlxcel.engine.gguf.tokenizer import build_tokenizer
+from mlxcel.engine.gguf.weight_plan import plan_weights
+from mlxcel.engine.model.encoder_only import refuse_encoder_only
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform import device
+from mlxcel.engine.platform.packed_modules import install_packed
+from mlxcel.engine.platform.qmatmul import PackedWeight
 
 log = logging.getLogger(__name__)
+
+# a rank (classifier) head's tensors (cls.weight, cls.bias, cls.output.weight, ...): not part of the
+# mlx-lm model; kept in LoadedModel.metadata["classifier_tensors"] for engine.embedding.rank_head
+CLASSIFIER = "cls."
 
 
 def load_gguf(path: str | Path) -> LoadedModel:
@@ -51,16 +65,20 @@ def load_gguf(path: str | Path) -> LoadedModel:
 def _load(path: Path) -> LoadedModel:
     gguf_file = read_gguf(path)
     meta = gguf_file.metadata
+    refuse_encoder_only(meta.get("general.architecture"), str(path), gguf=True)
     arch, spec = architecture(meta, str(path))
     tokenizer, ids = build_tokenizer(meta, str(path))
-    vocab_size = _vocab_size(gguf_file)
-    config = model_config(meta, set(gguf_file.tensors), vocab_size, str(path))
+    tensors = TensorIndex({name: info.shape for name, info in gguf_file.tensors.items()},
+                          reader=lambda name: dequantize_numpy(gguf_file.tensors[name]))
+    config = model_config(meta, tensors, _vocab_size(gguf_file), str(path))
     config.update(bos_token_id=ids.bos, eos_token_id=ids.eos)
 
-    weights = convert_weights(gguf_file, config, permute_qk=spec.permuted_qk)
-    model = build_model(config, weights, str(path))
-    if "rope_freqs.weight" in gguf_file.tensors:
-        apply_rope_freqs(model, gguf_file, config)
+    plan = plan_weights(spec, config, ArchMetadata(meta, arch, str(path)), tensors)
+    weights = convert_weights(gguf_file, plan)
+    model = build_model(config, weights, str(path), prepare=spec.prepare)
+    spec.finish(model, gguf_file, config)
+    resident = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    log.info("%s: %s (%s) weights resident: %.1f MiB", path.name, arch, config["model_type"], resident / 2**20)
 
     return LoadedModel(
         model=model,
@@ -77,6 +95,15 @@ def _load(path: Path) -> LoadedModel:
             "file_type": meta.get("general.file_type"),
             "tensor_types": _type_counts(gguf_file),
             "tokenizer_pre": meta.get("tokenizer.ggml.pre"),
+            "weight_bytes": resident,
+            # what embeddings, rerank and infill read: special-token ids (the FIM roles among them),
+            # the pooling the converter chose, the rerank prompt, and the classifier head's tensors
+            "token_ids": {k: v for k, v in meta.items() if k.startswith("tokenizer.ggml.") and k.endswith("_id")},
+            "pooling_type": meta.get(f"{arch}.pooling_type"),
+            "rerank_template": meta.get("tokenizer.chat_template.rerank"),
+            "add_sep": bool(meta.get("tokenizer.ggml.add_sep_token", False)),
+            "classifier_tensors": {name: to_mlx(info, keep_quantized=False, dtype=device.compute_dtype())
+                                   for name, info in gguf_file.tensors.items() if name.startswith(CLASSIFIER)},
         },
     )
 
@@ -95,33 +122,61 @@ def _type_counts(gguf_file: GGUFFile) -> dict[str, int]:
     return counts
 
 
-def convert_weights(gguf_file: GGUFFile, config: dict, *, permute_qk: bool) -> dict[str, mx.array | QuantizedWeight]:
-    """Every model tensor under its mlx-lm name, in the device's representation."""
+def convert_weights(gguf_file: GGUFFile,
+                    plan: dict[str, Conversion]) -> dict[str, mx.array | QuantizedWeight | PackedWeight]:
+    """Every parameter of ``plan`` from its GGUF tensor(s), in the device's representation.
+
+    A parameter taken from one tensor as stored (rows reordered at most) keeps the device's
+    choice of representation; one that needs arithmetic (``Conversion.value``) is computed
+    in float32 and cast."""
     keep = device.keep_quantized_weights()
+    pack = device.cpu_kernels()
+    repacked: dict[str, int] = {}
     dtype = device.compute_dtype()
-    q_rows = llama_qk_rows(config["num_attention_heads"] * config["head_dim"], config["num_attention_heads"])
-    k_rows = llama_qk_rows(config["num_key_value_heads"] * config["head_dim"], config["num_key_value_heads"])
-    out: dict[str, mx.array | QuantizedWeight] = {}
-    for name, info in gguf_file.tensors.items():
-        if name in NON_PARAMETER_TENSORS:
-            continue
-        target = hf_name(name)
-        if target is None:
-            raise ModelLoadError(f"{gguf_file.path}: unexpected tensor {name!r} for architecture "
-                                 f"{gguf_file.architecture!r}")
-        if permute_qk and ".attn_q." in name:
-            info = permute_rows(info, q_rows)
-        elif permute_qk and ".attn_k." in name:
-            info = permute_rows(info, k_rows)
-        out[target] = to_mlx(info, keep_quantized=keep and name.endswith(".weight"), dtype=dtype)
+    out: dict[str, mx.array | QuantizedWeight | PackedWeight] = {}
+    for name, conv in plan.items():
+        infos = [gguf_file.tensors[source] for source in conv.sources]
+        if conv.rows is not None:
+            infos = [permute_rows(concat_rows(infos), conv.rows)]
+        if conv.value is None and len(infos) == 1 and pack and name.endswith(".weight") and packable(infos[0]):
+            w, changed = to_packed(infos[0])
+            if changed:
+                repacked[infos[0].type_name] = repacked.get(infos[0].type_name, 0) + 1
+        elif conv.value is None and len(infos) == 1:
+            w = to_mlx(infos[0], keep_quantized=keep and name.endswith(".weight"), dtype=dtype)
+        else:
+            arrays = [to_mlx(info, keep_quantized=False, dtype=mx.float32) for info in infos]
+            w = (conv.value(*arrays) if conv.value is not None else arrays[0]).astype(dtype)
+        if isinstance(w, mx.array) and conv.shape is not None and tuple(w.shape) != conv.shape:
+            w = _unit_axes_reshaped(w, conv.shape, name, gguf_file.path)
+        out[name] = w
+    if repacked:
+        log.info("%s: the CPU kernels do not run %s as stored; re-packed to Q8_0 (dequantized and quantized "
+                 "again to 8 bits per block of 32, not bit-exact)", gguf_file.path.name,
+                 ", ".join(f"{n} {t} tensor{'s' if n > 1 else ''}" for t, n in sorted(repacked.items())))
     return out
 
 
-def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight], source: str) -> nn.Module:
+def _unit_axes_reshaped(w: mx.array, shape: tuple[int, ...], name: str, path: Path) -> mx.array:
+    """``w`` in mlx-lm's shape when the two differ only by axes of size one (the converter
+    squeezes a convolution kernel's channel axis, a gate vector's leading 1)."""
+    if [d for d in w.shape if d != 1] != [d for d in shape if d != 1]:
+        raise ModelLoadError(f"{path}: tensor for {name} has shape {tuple(w.shape)}, mlx-lm expects {shape}")
+    return w.reshape(shape)
+
+
+def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight | PackedWeight], source: str,
+                prepare: Callable[[nn.Module, dict], None] | None = None) -> nn.Module:
     """mlx-lm's model class for ``config`` holding ``weights`` (quantized modules where the
-    weights are ``QuantizedWeight``)."""
+    weights are ``QuantizedWeight``, packed ones where they are ``PackedWeight``); ``prepare``
+    adjusts the model to the weights first."""
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
+    if prepare is not None:
+        prepare(model, weights)
+    packed = {name[: -len(".weight")]: w for name, w in weights.items() if isinstance(w, PackedWeight)}
+    if packed:
+        install_packed(model, packed)
     quantized = {name[: -len(".weight")]: w for name, w in weights.items() if isinstance(w, QuantizedWeight)}
     if quantized:
         nn.quantize(
@@ -136,6 +191,8 @@ def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight], so
         if isinstance(w, QuantizedWeight):
             stem = name[: -len(".weight")]
             flat += [(name, w.weight), (f"{stem}.scales", w.scales), (f"{stem}.biases", w.biases)]
+        elif isinstance(w, PackedWeight):
+            flat.append((f"{name[: -len('.weight')]}.packed", w.packed))
         else:
             flat.append((name, w))
     try:
@@ -144,25 +201,6 @@ def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight], so
         raise ModelLoadError(f"{source}: tensors do not match the {config['model_type']} model: {exc}") from exc
     mx.eval(model.parameters())
     return model
-
-
-def apply_rope_freqs(model: nn.Module, gguf_file: GGUFFile, config: dict) -> None:
-    """Llama 3.x: use the stored per-frequency divisors (``rope_freqs``) exactly.
-
-    llama.cpp rotates dimension pair i by ``pos * theta^(-2i/d) / rope_freqs[i]``. mlx-lm's
-    ``Llama3RoPE`` passes wavelengths ``theta^(2i/d)`` (times its own correction) to
-    ``mx.fast.rope``; we overwrite them with ``theta^(2i/d) * rope_freqs[i]`` so the stored
-    factors, not a recomputation from parameters the GGUF does not carry, decide the result."""
-    factors = mx.array(dequantize_numpy(gguf_file.tensors["rope_freqs.weight"]).reshape(-1))
-    dims = config["head_dim"]
-    base = mx.array(config["rope_theta"], dtype=mx.float32) ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims)
-    if factors.size != base.size:
-        raise ModelLoadError(f"{gguf_file.path}: rope_freqs has {factors.size} entries, expected {base.size}")
-    for layer in model.layers:
-        rope = layer.self_attn.rope
-        if not isinstance(rope, Llama3RoPE):
-            raise ModelLoadError(f"{gguf_file.path}: rope_freqs present but {config['model_type']} does not use llama3 RoPE")
-        rope._freqs = base * factors
 
 
 __all__ = ["load_gguf", "ARCHITECTURES"]

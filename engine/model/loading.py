@@ -17,9 +17,11 @@ from mlx_lm.utils import load as mlx_lm_load
 
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.config_file import read_config_json
+from mlxcel.engine.model.encoder_only import refuse_encoder_only
 from mlxcel.engine.model.gguf_loader import load_gguf
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform import device
+from mlxcel.engine.platform.packed_modules import pack_affine_modules
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +105,7 @@ def load_model(
 def load_mlx_dir(path: Path, check_config: Callable[[Path, dict], None] | None = None) -> LoadedModel:
     """An MLX or Hugging Face checkpoint directory (config.json + safetensors + tokenizer), via mlx-lm."""
     config = read_config_json(path, f"{path} has no config.json; not a model directory")
+    refuse_encoder_only(config.get("model_type"), str(path), gguf=False)
     if check_config is not None:
         check_config(path, config)
     try:
@@ -125,7 +128,14 @@ def load_mlx_dir(path: Path, check_config: Callable[[Path, dict], None] | None =
 
 
 def apply_weight_policy(model) -> None:
-    """Dequantize and cast weights as ``device`` decides for this machine."""
+    """Pack, dequantize and cast weights as ``device`` decides for this machine: on a CPU with
+    the kernels, 4- and 8-bit affine layers are packed (``packed_modules``); other bit widths, and
+    everything without the kernels, are dequantized there."""
+    if device.cpu_kernels() and _is_quantized(model):
+        packed, left = pack_affine_modules(model)
+        if left:
+            log.info("%d quantized layers use a bit width or group the CPU kernels do not run; "
+                     "dequantized to float", left)
     if not device.keep_quantized_weights() and _is_quantized(model):
         dequantize_model(model)
     model.set_dtype(device.compute_dtype())

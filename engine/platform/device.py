@@ -1,12 +1,12 @@
 """Every device-dependent choice lives here: which dtype weights run in, and which BLAS the
 CPU build uses.
 
-Measured on an x86-64 CPU with MLX's Linux wheel (SmolLM2-135M): quantized, f16 and bf16 weights
-all decode slower than f32, and MLX's bundled reference BLAS makes f32 prefill ~20x slower than
-OpenBLAS. So on the CPU we dequantize to float32 and preload OpenBLAS, with the one-row matmul
-shim ahead of it (``blas_shim.py``: decode-step matmuls as sgemv, 1.4x per step here); on Metal
-and CUDA the weights stay as shipped (quantized kernels are the fast path there) and nothing is
-preloaded.
+On a CPU, quantized weights (GGUF blocks, MLX affine 4/8-bit) stay packed and run on mlxcel's own
+kernels (``qmatmul.py``) when they are built; float weights, and everything when they are not,
+run in float32 with OpenBLAS preloaded and the one-row matmul shim ahead of it (``blas_shim.py``).
+MLX's own CPU quantized, f16 and bf16 matmuls all decode slower than f32 there, and its bundled
+reference BLAS makes f32 prefill ~20x slower than OpenBLAS. On Metal and CUDA the weights stay as
+shipped (MLX's quantized kernels are the fast path there) and nothing is preloaded.
 """
 
 from __future__ import annotations
@@ -17,9 +17,12 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
+from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.blas_shim import shim_library
 from mlxcel.engine.platform.compiled_rope import compile_decode_rope
+from mlxcel.engine.platform.fused_layers import fuse_layers
 
 # Debian's libopenblas0-pthread; the first that exists is used.
 OPENBLAS_CANDIDATES = (
@@ -46,6 +49,23 @@ def on_gpu() -> bool:
     return mx.default_device().type == mx.DeviceType.gpu
 
 
+def grammar_mask_threads() -> int:
+    """Threads llguidance may spread one batched step's grammar masks over.
+
+    On a GPU the forward leaves the host's cores idle, so the masks of many constrained rows are
+    computed in parallel on llguidance's pool (every core but the engine thread's). On a CPU the
+    forward itself keeps every core busy and a hand-off to pool threads only queues the masks behind
+    it: measured on the 2-core box, 8 rows' masks took 35-70 us computed one after another on the
+    engine thread (still without the GIL) against 120-900 us through the pool. So on a CPU they are
+    computed on the engine thread. ``MLXCEL_GRAMMAR_THREADS=N`` overrides."""
+    forced = os.environ.get("MLXCEL_GRAMMAR_THREADS", "").strip()
+    if forced:
+        return max(1, int(forced))
+    if not on_gpu():
+        return 1
+    return max(1, int(default_blas_threads()) - 1)
+
+
 def keep_quantized_weights() -> bool:
     """Whether quantized checkpoints keep their quantized weights.
 
@@ -56,6 +76,16 @@ def keep_quantized_weights() -> bool:
     if forced in ("float32", "f32", "dequantize"):
         return False
     return on_gpu()
+
+
+def cpu_kernels() -> bool:
+    """Whether quantized weights stay packed in their own blocks and run on mlxcel's CPU kernels
+    (``qmatmul.py``): on a CPU where the extension is built, unless ``MLXCEL_WEIGHTS`` asks for
+    ``float32`` or for MLX's own ``quantized`` modules. Never on Metal or CUDA."""
+    if on_gpu() or os.environ.get("MLXCEL_WEIGHTS", "").lower() in (
+            "quantized", "q", "keep", "float32", "f32", "dequantize"):
+        return False
+    return qmatmul.available()
 
 
 def compute_dtype() -> mx.Dtype:
@@ -122,6 +152,16 @@ def set_blas_threads(n: int) -> bool:
     return True
 
 
+def set_cpu_threads(n: int) -> list[str]:
+    """``-t N``: the threads of OpenBLAS and of the quantized-matmul kernels; what was set."""
+    done = []
+    if set_blas_threads(n):
+        done.append("OpenBLAS")
+    if qmatmul.set_threads(n):
+        done.append("quantized kernels")
+    return done
+
+
 def reexec_with_fast_blas() -> None:
     """On a Linux CPU, re-execute this process with OpenBLAS (and the one-row matmul shim)
     preloaded: MLX then resolves its BLAS symbols there instead of the bundled reference BLAS. A
@@ -139,10 +179,20 @@ def reexec_with_fast_blas() -> None:
     os.execve(sys.executable, argv, env)
 
 
+def _off(name: str) -> bool:
+    return os.environ.get(name, "1").lower() in ("0", "false", "no", "off")
+
+
 def prepare_for_decode(model) -> None:
-    """Per-device graph changes for decoding, applied once after loading. On a CPU: one-token
-    rotary embeddings run as one compiled kernel (``compiled_rope.py``; bitwise the same output).
-    Nothing on Metal or CUDA. ``MLXCEL_COMPILED_ROPE=0`` turns it off."""
-    if on_gpu() or os.environ.get("MLXCEL_COMPILED_ROPE", "1").lower() in ("0", "false", "no", "off"):
+    """Per-device graph changes for decoding, applied once after loading. On a CPU, for a model
+    whose weights run on the quantized kernels: norms, rotary embeddings and attention as single
+    primitives (``fused_layers.py``; ``MLXCEL_FUSED_OPS=0`` turns it off); otherwise one-token
+    rotary embeddings as one compiled kernel (``compiled_rope.py``; bitwise the same output;
+    ``MLXCEL_COMPILED_ROPE=0`` turns it off). Nothing on Metal or CUDA."""
+    if on_gpu():
         return
-    compile_decode_rope(model)
+    packed = any(name.endswith(".packed") for name, _ in tree_flatten(model.parameters()))
+    if packed and qmatmul.available() and not _off("MLXCEL_FUSED_OPS"):
+        fuse_layers(model)
+    if not _off("MLXCEL_COMPILED_ROPE"):
+        compile_decode_rope(model)

@@ -4,14 +4,18 @@ One function path, in this order (llama-server's default sampler order):
 
 1. token bias (``logit_bias``; ``ignore_eos`` bans every EOS id),
 2. penalties over the row's history: repeat / presence / frequency (``penalties.py``), then DRY
-   (``dry.py``),
+   (``dry.py``), then a grammar's mask when the request is constrained (``allowed``: every token the
+   grammar forbids at that row's position gets -inf; ``grammar_matcher`` computes the rows),
 3. truncation on the *untempered* distribution: top-k, typical-p, top-p, min-p
    (``sampler_filters.py``),
 4. XTC on the renormalised filtered row (``xtc.py``),
 5. temperature last: ``softmax(logits / T)`` over the surviving tokens.
 
-Steps 1-2 give ``adjusted_logits``; greedy decoding (temperature <= 0 or top_k == 1) is their
-argmax and never builds a distribution or draws a key. Row ``i`` of a block is the sequence
+Steps 1-2 give ``adjusted_logits``. The mask sits after the bias and before the filters, so top-k
+keeps the k most likely *allowed* tokens and p is the filtered, tempered distribution over what the
+grammar allows: every acceptance rule then keeps its guarantee for the constrained p. Greedy
+decoding (temperature <= 0 or top_k == 1) is the argmax of the adjusted logits and never builds a
+distribution or draws a key. Row ``i`` of a block is the sequence
 ``history + appended[:i]``, which is how a verify round evaluates drafted positions, and every
 random choice for row ``i`` is keyed by its absolute position ``first_position + i`` (the draw
 with stream 0, the XTC coin with stream 3), so a position gets the same p and the same token
@@ -92,8 +96,10 @@ class SamplerChain:
 
     # -- steps 1-2 ---------------------------------------------------------------------------
 
-    def adjusted_logits(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = ()) -> mx.array:
-        """Logits after token bias, penalties and DRY, shape ``[N, V]`` float32."""
+    def adjusted_logits(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
+                        allowed: mx.array | None = None) -> mx.array:
+        """Logits after token bias, penalties, DRY and the grammar mask ``allowed`` (``[N, V]``
+        booleans, or None), shape ``[N, V]`` float32."""
         p = self.params
         x = logits.astype(mx.float32)
         if x.ndim == 1:
@@ -107,6 +113,8 @@ class SamplerChain:
         if self._dry:
             x = apply_dry(x, history, appended, self._dry_breakers, p.dry_multiplier, p.dry_base,
                           p.dry_allowed_length, p.dry_penalty_last_n)
+        if allowed is not None:
+            x = mx.where(allowed, x, NEG_INF)
         return x
 
     # -- steps 3-5 ---------------------------------------------------------------------------
@@ -127,10 +135,10 @@ class SamplerChain:
         return c
 
     def distribution(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
-                     seed: int = 0, first_position: int = 0) -> mx.array:
+                     seed: int = 0, first_position: int = 0, allowed: mx.array | None = None) -> mx.array:
         """The effective distribution p, shape ``[N, V]`` float32 (rows sum to 1). Under greedy
         params this is the one-hot of ``select``'s argmax."""
-        x = self.adjusted_logits(logits, history, appended)
+        x = self.adjusted_logits(logits, history, appended, allowed)
         if self.greedy:
             return (mx.arange(x.shape[-1]) == x.argmax(axis=-1, keepdims=True)).astype(mx.float32)
         if not self._filters:  # plain temperature sampling: no order needed
@@ -141,36 +149,38 @@ class SamplerChain:
         return mx.put_along_axis(mx.zeros(x.shape, dtype=mx.float32), c.ids, probs, axis=-1)
 
     def pick(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
-             seed: int = 0, first_position: int = 0) -> mx.array:
+             seed: int = 0, first_position: int = 0, allowed: mx.array | None = None) -> mx.array:
         """One token per row as a lazy ``[N]`` array: argmax of the adjusted logits when greedy, else
         a draw from p with the key of the row's absolute position (``first_position + i``). Lazy,
         so a decode loop can queue the next forward on it before reading it back."""
         if self.greedy:
-            return self.adjusted_logits(logits, history, appended).argmax(axis=-1)
-        probs = self.distribution(logits, history, appended, seed, first_position)
+            return self.adjusted_logits(logits, history, appended, allowed).argmax(axis=-1)
+        probs = self.distribution(logits, history, appended, seed, first_position, allowed)
         return sample_rows(probs, seed, first_position)
 
     def select(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
-               seed: int = 0, first_position: int = 0) -> list[int]:
+               seed: int = 0, first_position: int = 0, allowed: mx.array | None = None) -> list[int]:
         """``pick``, read back as token ids."""
-        return self.pick(logits, history, appended, seed, first_position).tolist()
+        return self.pick(logits, history, appended, seed, first_position, allowed).tolist()
 
     # -- n_probs -----------------------------------------------------------------------------
 
     def token_probs(self, logits: mx.array, tokens: Sequence[int], n: int, *, post_sampling: bool,
                     history: Sequence[int] = (), appended: Sequence[int] = (), seed: int = 0,
-                    first_position: int = 0, log_probs: bool = False) -> list[TokenProbs]:
+                    first_position: int = 0, log_probs: bool = False,
+                    allowed: mx.array | None = None) -> list[TokenProbs]:
         """Per row: the probability of ``tokens[i]`` and the top ``n`` tokens.
 
         ``post_sampling=False`` (llama-server's default) reports the model's raw distribution,
         ``softmax(logits)`` with no bias, penalty, filter or temperature (as log-probabilities with
         ``log_probs``, computed in the log domain so tiny probabilities do not underflow);
-        ``post_sampling=True`` reports the effective distribution p and lists only tokens p keeps."""
+        ``post_sampling=True`` reports the effective distribution p (the grammar mask ``allowed``
+        included) and lists only tokens p keeps."""
         x = logits.astype(mx.float32)
         if x.ndim == 1:
             x = x[None]
         if post_sampling:
-            probs = self.distribution(x, history, appended, seed, first_position)
+            probs = self.distribution(x, history, appended, seed, first_position, allowed)
         elif log_probs:
             probs = x - mx.logsumexp(x, axis=-1, keepdims=True)
         else:

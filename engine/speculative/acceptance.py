@@ -159,6 +159,7 @@ def rejection_sample(
     *,
     seed: int,
     first_position: int,
+    forbidden_q: mx.array | None = None,
 ) -> ChainOutcome:
     """Modified rejection sampling over one block.
 
@@ -167,6 +168,12 @@ def rejection_sample(
     uniform and the residual draw use their own key streams, the bonus uses the emitted-token
     stream. A draft the target gives probability 0 is never accepted (``u * q <= 0`` could hold
     at u == 0), so nothing outside p's support is ever emitted.
+
+    ``forbidden_q`` is the ``[V]`` q row of a draft that followed ``drafts`` in the proposal and was
+    cut before the forward because p gives it no mass (a grammar forbids it). Testing it could only
+    reject it, so after a clean sweep row ``K`` is that rejection: its residual
+    ``normalize(relu(p_K - forbidden_q))`` is drawn, not a bonus from ``p_K`` (which would bias the
+    stream), and the outcome counts the cut draft as tested.
     """
     k = len(drafts)
     if p.shape[0] != k + 1 or q.shape[0] != k:
@@ -185,6 +192,10 @@ def rejection_sample(
             key = position_key(seed, first_position + i, RESIDUAL_STREAM)
             token = sample(residual_distribution(p[i], q[i]), key)
             return ChainOutcome(i, [int(t) for t in drafts[:i]] + [token], i + 1)
+    if forbidden_q is not None:
+        key = position_key(seed, first_position + k, RESIDUAL_STREAM)
+        token = sample(residual_distribution(p[k], forbidden_q), key)
+        return ChainOutcome(k, [int(t) for t in drafts] + [token], k + 1)
     bonus = sample(p[k], position_key(seed, first_position + k))
     return ChainOutcome(k, [int(t) for t in drafts] + [bonus], k)
 

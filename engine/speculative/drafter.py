@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures
+
+if TYPE_CHECKING:
+    from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 
 __all__ = ["Drafter", "ModelDrafter", "Proposal", "TargetFeatures"]
 
@@ -38,6 +41,12 @@ class Drafter(ABC):
       sampler-match (the model-based drafters, as the reference system verifies them);
     * ``greedy_only``: the drafter proposes greedy chains only, so a sampling request is declined
       and decoded plainly.
+
+    ``grammar`` is the sequence's grammar matcher when the request is constrained (the session sets
+    it before ``start``; None otherwise). A drafter may use it to propose only what the grammar
+    allows (``drafters.draws.DraftDraws`` masks its q with it and leaves it as it found it); a
+    drafter that ignores it is still correct, since the verify round cuts a proposal at its first
+    forbidden draft.
     """
 
     kind: str = "drafter"
@@ -45,6 +54,7 @@ class Drafter(ABC):
     deterministic: bool = False
     argmax_verify: bool = False
     greedy_only: bool = False
+    grammar: GrammarMatcher | None = None
 
     @abstractmethod
     def start(self, prompt: Sequence[int], params: SamplerParams, seed: int) -> None:

@@ -13,7 +13,10 @@ A :class:`SpeculativeSession` owns everything per-sequence that is not the targe
 * the block policy: each round asks for at most ``n_max`` drafts, leaving room for the round's own
   token, and drafts nothing when fewer than ``n_min`` fit (:meth:`block`);
 * one set of counters (:class:`SpeculativeCounters`), which the CLI's acceptance line
-  (``report``) and a response's ``timings`` both format.
+  (``report``) and a response's ``timings`` both format;
+* the sequence's grammar, when the request is constrained: every round verifies against the
+  constrained p (``verify``), and the drafter is handed the matcher (``Drafter.grammar``) so a
+  drafter that draws through ``DraftDraws`` proposes from its own masked q.
 
 :func:`speculative_generate` is the whole offline loop on top of a session: the target prefills
 the prompt and picks the first token exactly as plain decoding does; then each round drafts,
@@ -41,6 +44,7 @@ from mlxcel.engine.decode.plain import DEFAULT_PREFILL_STEP, prefill
 from mlxcel.engine.errors import PromptError
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.engine.speculative.acceptance import SYNTHETIC, select_rule
@@ -67,6 +71,7 @@ class SpeculativeCounters:
     sum_prod: float = 0.0
     diagnosed: int = 0  # tested positions the two sums cover
     chain_rounds: int = 0  # rounds scored one forward per token (the exactness probe failed)
+    grammar_cut: int = 0  # drafts a grammar cut before the forward (the first of each cut was rejected)
 
     def add(self, r: RoundResult, used: int | None = None) -> int:
         """Count one round of which ``used`` emitted tokens were kept (all by default); return
@@ -77,6 +82,7 @@ class SpeculativeCounters:
         accepted = r.accepted if used is None else min(r.accepted, used)
         self.rounds += 1
         self.chain_rounds += int(r.chain_verified)
+        self.grammar_cut += r.grammar_cut
         self.proposed += r.proposed
         self.positions_tested += r.tested
         self.accepted += accepted
@@ -147,12 +153,15 @@ class SpeculativeSession:
         kind: what the counters report as ``draft_kind`` (default: the drafter's kind).
         synth_probs: benchmarking only: accept draft ``i`` with this probability whatever the target
             says (``acceptance.synthetic_accept``); the output is then not the target's.
+        grammar: the sequence's grammar matcher when the request is constrained. The session never
+            advances it: whoever records the emitted tokens does.
     """
 
     def __init__(self, drafter: Drafter, params: SamplerParams, *, n_max: int, n_min: int = 0,
                  stochastic: bool | None = None, diagnostics: bool = False, kind: str | None = None,
-                 synth_probs: Sequence[float] = ()):
+                 synth_probs: Sequence[float] = (), grammar: GrammarMatcher | None = None):
         self.params = params
+        self.grammar = grammar
         reason = decline_reason(drafter, params)
         self.declined_because = reason  # None: the session speculates
         self.declined = reason is not None
@@ -210,6 +219,7 @@ class SpeculativeSession:
     def begin(self, sequence: Sequence[int], seed: int) -> None:
         """Start the drafter on ``sequence`` (its last token pending, as between rounds)."""
         self.seed = seed
+        self.drafter.grammar = self.grammar
         self.drafter.start(sequence, self.params, seed)
         drafter = self.model_drafter
         if drafter is not None and self._features is not None:
@@ -229,7 +239,8 @@ class SpeculativeSession:
         """One verify round for ``sequence`` (whose last token is pending; ``cache`` holds the
         rest). The caller appends the emitted tokens it keeps and calls :meth:`record`."""
         return verify_round(model, cache, chain, self.drafter, sequence, rule=self.rule, k=self.block(remaining),
-                            seed=self.seed, diagnostics=self.diagnostics, synth_probs=self.synth_probs)
+                            seed=self.seed, diagnostics=self.diagnostics, synth_probs=self.synth_probs,
+                            grammar=self.grammar)
 
     def record(self, result: RoundResult, used: int | None = None) -> int:
         """Count ``result``, of which ``used`` emitted tokens were kept; return the accepted drafts counted."""
@@ -259,7 +270,8 @@ def speculative_generate(
     prefill_step: int = DEFAULT_PREFILL_STEP,
 ) -> Iterator[SpeculativeStep]:
     """Generate up to ``max_tokens`` tokens after ``prompt`` with ``session``'s drafter proposing
-    blocks; read the totals from ``session.counters`` afterwards."""
+    blocks; read the totals from ``session.counters`` afterwards. A constrained session
+    (``session.grammar``) ends when its grammar does (finish reason "stop")."""
     if len(prompt) == 0:
         raise PromptError("the prompt is empty")
     if max_tokens <= 0:
@@ -276,16 +288,19 @@ def speculative_generate(
     start = time.perf_counter()
     sequence = [int(t) for t in prompt]
     last_logits = session.prefill(target.model, sequence, cache, prefill_step)
-    first = chain.select(last_logits, sequence, seed=seed, first_position=len(sequence))[0]
+    grammar = session.grammar
+    allowed = allowed_rows(grammar.masks(), last_logits.shape[-1]) if grammar is not None else None
+    first = chain.select(last_logits, sequence, seed=seed, first_position=len(sequence), allowed=allowed)[0]
     prompt_time = time.perf_counter() - start
     decode_start = time.perf_counter()
     sequence.append(first)
     session.begin(sequence, seed)
-    generated = [first]
-    emitted = [first]
+    generated = []
+    emitted = _record([first], eos, grammar, 1)
+    generated.extend(emitted)
 
     while True:
-        finish = _finish_reason(generated, emitted, eos, max_tokens)
+        finish = _finish_reason(generated, emitted, eos, max_tokens, grammar)
         elapsed = time.perf_counter() - decode_start
         yield SpeculativeStep(
             tokens=emitted,
@@ -300,21 +315,28 @@ def speculative_generate(
             return
         remaining = max_tokens - len(generated)
         result = session.round(target.model, cache, chain, sequence, remaining)
-        emitted = _until_eos(result.emitted, eos)[:remaining]
+        emitted = _record(result.emitted, eos, grammar, remaining)
         session.record(result, len(emitted))
         sequence.extend(emitted)
         generated.extend(emitted)
 
 
-def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
-    for i, t in enumerate(tokens):
-        if t in eos:
-            return tokens[: i + 1]
-    return tokens
+def _record(tokens: list[int], eos: set[int], grammar: GrammarMatcher | None, most: int) -> list[int]:
+    """The emitted tokens a sequence keeps: at most ``most``, up to the first EOS or the token that
+    completes the grammar (which is advanced over them)."""
+    kept = []
+    for t in tokens[:most]:
+        kept.append(t)
+        if grammar is not None:
+            grammar.advance([t])
+        if t in eos or (grammar is not None and grammar.stopped):
+            break
+    return kept
 
 
-def _finish_reason(generated: list[int], emitted: list[int], eos: set[int], max_tokens: int) -> str | None:
-    if emitted and emitted[-1] in eos:
+def _finish_reason(generated: list[int], emitted: list[int], eos: set[int], max_tokens: int,
+                   grammar: GrammarMatcher | None = None) -> str | None:
+    if emitted and (emitted[-1] in eos or (grammar is not None and grammar.stopped)):
         return "stop"
     if len(generated) >= max_tokens:
         return "length"

@@ -26,6 +26,16 @@ modified rejection sampling is available to them as an opt-in. ``RoundResult.log
 the target rows the rule read, so any rule (or a diagnostic) can run on them.
 
 A round with ``k == 0`` (or a drafter with nothing to propose) is exactly one plain decode step.
+
+A constrained sequence (``grammar``: its ``GrammarMatcher``, at the emitted sequence) changes two
+things. Before the forward, the proposal is cut at its first draft the grammar forbids: p gives that
+draft no mass, so every rule would reject it, and the drafts behind it could never be emitted; the
+forward covers only what can survive, and the cut draft counts as proposed, tested and rejected.
+While the forward runs, the matcher gives the mask of every row (it walks the kept drafts and comes
+back), and the rule reads each row's p with its mask applied. The emitted token at the cut is what
+testing the draft would have emitted: the target's choice for greedy / sampler-match / argmax, and
+for the stochastic rule the residual of the cut draft's q (``acceptance.rejection_sample``). The
+round leaves the matcher where it found it: whoever records the emitted tokens advances it.
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ import mlx.core as mx
 
 from mlxcel.engine.decode.kv_cache import rewind
 from mlxcel.engine.sampling.chain import SamplerChain, sample
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.sampling.random_keys import position_key
 from mlxcel.engine.speculative.acceptance import (
     ACCEPT_STREAM,
@@ -75,6 +86,7 @@ class RoundResult:
     diagnosed: int = 0  # tested positions the two sums cover
     chain_verified: bool = False  # the block was scored one forward per token (the probe failed)
     logits: mx.array | None = None  # the target rows the rule read, [rows, V] (row i: position + i)
+    grammar_cut: int = 0  # drafts cut before the forward because the grammar forbids the first of them
 
 
 def verify_round(
@@ -90,6 +102,7 @@ def verify_round(
     diagnostics: bool = False,
     block_exact: bool | None = None,
     synth_probs: Sequence[float] = (),
+    grammar: GrammarMatcher | None = None,
 ) -> RoundResult:
     """Run one round for ``sequence`` (whose last token is pending) and return what it emitted.
 
@@ -101,11 +114,19 @@ def verify_round(
     cache kept. Whether the block is scored in one forward or token by token is ``block_exact``;
     None asks the exactness probe when the drafter is ``probe_gated`` (and means one forward
     otherwise). ``synth_probs`` are the per-position probabilities of the benchmarking-only
-    synthetic rule (``acceptance.synthetic_accept``)."""
+    synthetic rule (``acceptance.synthetic_accept``). ``grammar`` constrains the round (module
+    docstring); it is left unchanged."""
     proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
-    drafts = [int(t) for t in proposal.tokens]
-    if len(drafts) > k:
-        raise ValueError(f"the drafter proposed {len(drafts)} tokens for a block of {k}")
+    proposed = [int(t) for t in proposal.tokens]
+    if len(proposed) > k:
+        raise ValueError(f"the drafter proposed {len(proposed)} tokens for a block of {k}")
+    drafts, q, forbidden_q = proposed, proposal.q, None
+    if grammar is not None and proposed:
+        n = grammar.admissible(proposed)
+        if n < len(proposed):  # drafts[n] is forbidden: rejected without a forward
+            drafts = proposed[:n]
+            if q is not None:
+                forbidden_q, q = q[n], q[:n]
     position = len(sequence)
     model_drafter = drafter if isinstance(drafter, ModelDrafter) else None
     layers = tuple(model_drafter.feature_layers) if model_drafter is not None else None
@@ -117,20 +138,29 @@ def verify_round(
             widths = sorted({len(block), *model_drafter.probe_widths(k)})
             block_exact = all(block_verdict(model, w, vocab_size=chain.vocab_size).exact for w in widths)
 
+    cut = len(proposed) - len(drafts)
     if block_exact or not drafts:
         features = _forward(model, block, cache, layers)
         logits = features.logits
-        outcome, p = _decide(rule, chain, logits, sequence, drafts, proposal.q, seed, position, synth_probs)
+        allowed = None
+        if grammar is not None:
+            mx.async_eval(logits)  # the masks are computed while the forward runs
+            allowed = allowed_rows(grammar.masks(drafts), logits.shape[-1])
+        outcome, p = _decide(rule, chain, logits, sequence, drafts, q, seed, position, synth_probs, allowed,
+                             forbidden_q)
         forwarded = len(block)
     else:
-        outcome, p, features, forwarded = _chain_verify(model, cache, chain, rule, sequence, drafts, proposal.q,
-                                                        seed, position, layers)
+        outcome, p, features, forwarded, allowed = _chain_verify(model, cache, chain, rule, sequence, drafts, q, seed,
+                                                                 position, layers, grammar, forbidden_q)
         logits = features.logits
+    if cut and outcome.accepted == len(drafts) and outcome.tested == len(drafts):
+        outcome = ChainOutcome(outcome.accepted, outcome.emitted, outcome.tested + 1)  # the cut draft was rejected
 
-    result = RoundResult(outcome.emitted, len(drafts), outcome.accepted, outcome.tested if drafts else 0,
-                         chain_verified=not block_exact and bool(drafts), logits=logits)
+    result = RoundResult(outcome.emitted, len(proposed), outcome.accepted, outcome.tested if proposed else 0,
+                         chain_verified=not block_exact and bool(drafts), logits=logits, grammar_cut=cut)
     if diagnostics and result.tested:
-        _diagnose(result, rule, chain, logits, sequence, drafts, p, proposal.q, drafter, seed, position, outcome)
+        _diagnose(result, rule, chain, logits, sequence, proposed, p, proposal.q, drafter, seed, position, outcome,
+                  allowed)
 
     kept = outcome.accepted + 1  # the pending token and the accepted drafts
     rewind(cache, forwarded - kept)
@@ -146,58 +176,70 @@ def _forward(model: Any, tokens: list[int], cache: list[Any], layers: tuple[int,
     return forward_with_features(model, tokens, cache, layers)
 
 
-def _decide(rule, chain, logits, sequence, drafts, q, seed, position, synth_probs=()):
-    """The acceptance rule over a scored block: (outcome, p or None)."""
+def _decide(rule, chain, logits, sequence, drafts, q, seed, position, synth_probs=(), allowed=None, forbidden_q=None):
+    """The acceptance rule over a scored block: (outcome, p or None). ``allowed``: the grammar's
+    mask rows; ``forbidden_q``: the q row of a draft cut after ``drafts`` (``rejection_sample``)."""
     vocab = logits.shape[-1]
     p = None
     if rule == SYNTHETIC:
-        choices = chain.select(logits, sequence, drafts, seed, position)
+        choices = chain.select(logits, sequence, drafts, seed, position, allowed)
         outcome = synthetic_accept(choices, drafts, synth_probs, seed=seed, first_position=position,
                                    eos=frozenset(chain.eos_token_ids))
     elif rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
         # The very call plain decoding makes, one row per position: same choice, same key.
-        outcome = walk_chain(chain.select(logits, sequence, drafts, seed, position), drafts)
+        outcome = walk_chain(chain.select(logits, sequence, drafts, seed, position, allowed), drafts)
     elif rule == ARGMAX_AGAINST_ARGMAX:
-        choices = chain.adjusted_logits(logits, sequence, drafts).argmax(axis=-1).tolist()
+        choices = chain.adjusted_logits(logits, sequence, drafts, allowed).argmax(axis=-1).tolist()
         outcome = walk_chain(choices, drafts)
     elif rule == STOCHASTIC:
-        p = chain.distribution(logits, sequence, drafts, seed, position)
-        if drafts and q is None:
+        p = chain.distribution(logits, sequence, drafts, seed, position, allowed)
+        if (drafts or forbidden_q is not None) and q is None:
             raise ValueError("the stochastic rule needs the drafter's proposal distribution q")
         q_rows = _align(q, vocab) if drafts else mx.zeros((0, vocab))
-        outcome = rejection_sample(p, q_rows, drafts, seed=seed, first_position=position)
+        cut_q = _align(forbidden_q[None], vocab)[0] if forbidden_q is not None else None
+        outcome = rejection_sample(p, q_rows, drafts, seed=seed, first_position=position, forbidden_q=cut_q)
     else:
         raise ValueError(f"unknown acceptance rule {rule!r}")
     return outcome, p
 
 
-def _chain_verify(model, cache, chain, rule, sequence, drafts, q, seed, position, layers):
+def _chain_verify(model, cache, chain, rule, sequence, drafts, q, seed, position, layers, grammar=None,
+                  forbidden_q=None):
     """Score the block one forward per token (what plain decoding computes, bit for bit), deciding
     each draft as soon as its row exists and stopping at the first rejection, so nothing past the
     emitted sequence is ever forwarded (no rewind; this works on any cache, a wrapped sliding
     window included). Every decision is the one the block path makes for that row: the same
-    history, the same position keys. Returns (outcome, None, features of the rows, rows)."""
+    history, the same position keys, the same mask. Returns (outcome, None, features of the rows,
+    rows, the mask rows or None)."""
     history = [int(t) for t in sequence]
     block = [int(sequence[-1]), *drafts]
+    allowed = allowed_rows(grammar.masks(drafts), chain.vocab_size) if grammar is not None else None
     parts: list[TargetFeatures] = []
     for i, token in enumerate(block):
         part = _forward(model, [token], cache, layers)
         parts.append(part)
         draft = drafts[i] if i < len(drafts) else None
         q_row = q[i] if (q is not None and draft is not None) else None
-        accepted, emit = _row_verdict(rule, chain, part.logits, history, draft, q_row, seed, position + i)
+        row_allowed = allowed[i : i + 1] if allowed is not None else None
+        accepted, emit = _row_verdict(rule, chain, part.logits, history, draft, q_row, seed, position + i,
+                                      row_allowed, forbidden_q if draft is None else None)
         if not accepted:
             outcome = ChainOutcome(i, drafts[:i] + [int(emit)], min(i + 1, len(drafts)))
-            return outcome, None, TargetFeatures.join(parts), len(parts)
+            return outcome, None, TargetFeatures.join(parts), len(parts), allowed
         history.append(int(draft))
     raise AssertionError("unreachable: the bonus row always ends the round")
 
 
-def _row_verdict(rule, chain, row, history, draft, q_row, seed, position):
+def _row_verdict(rule, chain, row, history, draft, q_row, seed, position, allowed=None, forbidden_q=None):
     """One row of a chain-verified block: (draft accepted?, the token to emit if the round ends
-    here). ``draft`` None is the bonus row. Row for row the block rules' decisions."""
+    here). ``draft`` None is the bonus row; ``forbidden_q`` the q row of a draft cut there by the
+    grammar (then the stochastic rule draws that rejection's residual). Row for row the block rules'
+    decisions."""
     if rule == STOCHASTIC:
-        p = chain.distribution(row, history, (), seed, position)[0]
+        p = chain.distribution(row, history, (), seed, position, allowed)[0]
+        if draft is None and forbidden_q is not None:
+            cut_q = _align(forbidden_q[None], p.shape[-1])[0]
+            return False, sample(residual_distribution(p, cut_q), position_key(seed, position, RESIDUAL_STREAM))
         if draft is None:
             return False, sample(p, position_key(seed, position))
         if q_row is None:
@@ -209,9 +251,9 @@ def _row_verdict(rule, chain, row, history, draft, q_row, seed, position):
             return True, None
         return False, sample(residual_distribution(p, q_row), position_key(seed, position, RESIDUAL_STREAM))
     if rule == ARGMAX_AGAINST_ARGMAX:
-        choice = int(chain.adjusted_logits(row, history).argmax(axis=-1).item())
+        choice = int(chain.adjusted_logits(row, history, (), allowed).argmax(axis=-1).item())
     elif rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
-        choice = chain.select(row, history, (), seed, position)[0]
+        choice = chain.select(row, history, (), seed, position, allowed)[0]
     else:
         raise ValueError(f"unknown acceptance rule {rule!r}")
     return (draft is not None and choice == draft), choice
@@ -227,8 +269,10 @@ def _align(q: mx.array, vocab: int) -> mx.array:
     return mx.concatenate([q, mx.zeros((q.shape[0], vocab - width), dtype=q.dtype)], axis=-1)
 
 
-def _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter: Drafter, seed, position, outcome) -> None:
-    """Fill the closed forms ``sum_x min(p, q)`` / ``sum_x p q`` over the tested positions."""
+def _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter: Drafter, seed, position, outcome,
+              allowed=None) -> None:
+    """Fill the closed forms ``sum_x min(p, q)`` / ``sum_x p q`` over the tested positions
+    (``drafts``: the whole proposal, a draft cut by the grammar included)."""
     n = result.tested
     vocab = logits.shape[-1]
     if rule == GREEDY_ARGMAX or (rule == ARGMAX_AGAINST_ARGMAX and chain.greedy):
@@ -241,7 +285,7 @@ def _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter: Draf
     if q is None:
         return  # no q: the closed forms are unknowable
     if p is None:
-        p = chain.distribution(logits, sequence, drafts[: logits.shape[0] - 1], seed, position)
+        p = chain.distribution(logits, sequence, drafts[: logits.shape[0] - 1], seed, position, allowed)
     smin, sprod = closed_forms(p[:n], _align(q, vocab)[:n])
     result.sum_min = float(smin.sum().item())
     result.sum_prod = float(sprod.sum().item())

@@ -17,6 +17,7 @@ import logging
 import os
 from collections.abc import Mapping
 
+from mlxcel.engine.sampling.grammar import GBNF, JSON_SCHEMA, GrammarError, compile_grammar
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS, Flag
 from mlxcel.server.runtime.config import ArgumentError, ServerConfig
 
@@ -147,6 +148,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
         raise ArgumentError("--sleep-idle-seconds: invalid value: cannot be 0 or less than -1")
     if config.ctx_size < 0:
         raise ArgumentError("-c/--ctx-size must be >= 0 (0 = the model's own context length)")
+    check_surface(config)
     gcp_environment(config, env)
     if config.reasoning is not None:
         text = config.reasoning.lower()
@@ -163,7 +165,41 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
                 raise ValueError("not an object")
         except ValueError as exc:
             raise ArgumentError(f"--chat-template-kwargs must be a JSON object: {exc}") from None
+    grammar_flags(config)
     return config
+
+
+def check_surface(config: ServerConfig) -> None:
+    """The directories the slot-file and static-file flags name must exist, as upstream requires."""
+    for flag, value in (("--slot-save-path", config.slot_save_path), ("--path", config.static_path)):
+        if value and not os.path.isdir(value):
+            raise ArgumentError(f"{flag}: not a directory: {value}")
+    if config.pooling is not None and config.pooling not in ("none", "mean", "cls", "last", "rank"):
+        raise ArgumentError(f"--pooling: invalid value {config.pooling!r} (none, mean, cls, last or rank)")
+
+
+def grammar_flags(config: ServerConfig) -> None:
+    """``--grammar-file`` / ``-jf`` read into ``config.grammar`` / ``config.json_schema``, and the
+    grammar compiled once, so a bad one ends the command line instead of every request."""
+    for attr, path_attr, flag in (("grammar", "grammar_file", "--grammar-file"),
+                                  ("json_schema", "json_schema_file", "-jf/--json-schema-file")):
+        path = getattr(config, path_attr)
+        if path:
+            try:
+                with open(path, encoding="utf-8") as f:
+                    setattr(config, attr, f.read())
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ArgumentError(f"cannot read {flag} {path}: {exc}") from None
+    if config.grammar and config.json_schema is not None:
+        raise ArgumentError("--grammar and -j/--json-schema both constrain every request; give one of them")
+    try:
+        if config.json_schema is not None:
+            compile_grammar(JSON_SCHEMA, config.json_schema)
+        elif config.grammar:
+            compile_grammar(GBNF, config.grammar)
+    except GrammarError as exc:
+        which = "-j/--json-schema" if config.json_schema is not None else "--grammar"
+        raise ArgumentError(f"{which}: {exc}") from None
 
 
 def usage() -> str:

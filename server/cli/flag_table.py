@@ -44,7 +44,7 @@ def F(names: str, state: str, metavar: str | None = None, **kw) -> Flag:
 
 BACKEND = "a llama.cpp/ggml backend setting with no MLX counterpart; MLX chooses threads, memory and kernels"
 GPU = "GPU offload/placement of llama.cpp; MLX runs the whole model on its default device"
-UI = "mlxcel-server has no web UI"
+UI = "a feature of llama-server's bundled web app; mlxcel's own chat page at / has no such setting"
 ROUTER = "router mode (several models) is not implemented; mlxcel-server serves one model"
 SPEC_BACKEND = "a llama.cpp backend setting for the draft model with no MLX counterpart"
 SPEC_GPU = "GPU placement of the draft model; MLX runs it on its default device"
@@ -78,8 +78,8 @@ FLAGS: list[Flag] = [
     F("-cl --cache-list", "refused", note="mlxcel has no model cache listing; models are paths or HF repos"),
     F("--completion-bash", "refused", note="no bash completion script is provided"),
     F("-t --threads", "divergent", "N", dest="threads", type="int",
-      note="on a Linux CPU, the OpenBLAS threads that run the matmuls (default: every usable core, as "
-           "upstream, or OPENBLAS_NUM_THREADS); MLX's other CPU ops and any GPU are unaffected", env="LLAMA_ARG_THREADS"),
+      note="on a CPU, the threads of the quantized-matmul kernels and of OpenBLAS (default: every usable "
+           "core, as upstream, or OPENBLAS_NUM_THREADS); MLX's other CPU ops and any GPU are unaffected", env="LLAMA_ARG_THREADS"),
     F("-tb --threads-batch", "ignored", "N", note=BACKEND),
     F("-C --cpu-mask", "ignored", "M", note=BACKEND),
     F("-Cr --cpu-range", "ignored", "lo-hi", note=BACKEND),
@@ -201,10 +201,11 @@ FLAGS: list[Flag] = [
     F("--mirostat-lr", "ignored", "N", note="only used by mirostat, which is refused"),
     F("--mirostat-ent", "ignored", "N", note="only used by mirostat, which is refused"),
     F("-l --logit-bias", "supported", "TOKEN_ID(+/-)BIAS", dest="logit_bias", append=True),
-    F("--grammar", "refused", "GRAMMAR", note="there is no grammar engine"),
-    F("--grammar-file", "refused", "FNAME", note="there is no grammar engine"),
-    F("-j --json-schema", "refused", "SCHEMA", note="there is no grammar engine"),
-    F("-jf --json-schema-file", "refused", "FILE", note="there is no grammar engine"),
+    F("--grammar", "supported", "GRAMMAR", dest="grammar",
+      note="GBNF (or llguidance's Lark) for every request that names no grammar of its own"),
+    F("--grammar-file", "supported", "FNAME", dest="grammar_file"),
+    F("-j --json-schema", "supported", "SCHEMA", dest="json_schema"),
+    F("-jf --json-schema-file", "supported", "FILE", dest="json_schema_file"),
     F("-bs --backend-sampling", "ignored", note="sampling always runs in MLX on the model's device", env="LLAMA_ARG_BACKEND_SAMPLING"),
     # -- speculative -------------------------------------------------------------------------------
     F("--spec-draft-hf -hfd -hfrd --hf-repo-draft", "supported", "<user>/<model>[:quant]", dest="draft_hf",
@@ -296,8 +297,11 @@ FLAGS: list[Flag] = [
     F("-r --reverse-prompt", "ignored", "PROMPT", note="interactive-mode option; use the request's stop field"),
     F("-sp --special", "ignored", note="special tokens are rendered as the tokenizer decodes them"),
     F("--warmup", "ignored", negatives=("--no-warmup",), note="no warm-up run is needed"),
-    F("--spm-infill", "ignored", note="/infill is not supported"),
-    F("--pooling", "ignored", "{none,mean,cls,last,rank}", note="embeddings are not supported", env="LLAMA_ARG_POOLING"),
+    F("--spm-infill", "supported", dest="spm_infill",
+      note="/infill lays the suffix part before the prefix part (Suffix/Prefix/Middle)"),
+    F("--pooling", "supported", "{none,mean,cls,last,rank}", dest="pooling",
+      note="over the final-norm hidden states; default the model's own (GGUF pooling_type, sentence-transformers "
+           "config), else none", env="LLAMA_ARG_POOLING"),
     F("-np --parallel", "supported", "N", dest="parallel", type="int", note="-1 (auto) = 4 slots", env="LLAMA_ARG_N_PARALLEL"),
     F("-cb --cont-batching", "ignored", negatives=("-nocb", "--no-cont-batching"),
       note="continuous batching is always on", env="LLAMA_ARG_CONT_BATCHING"),
@@ -314,12 +318,15 @@ FLAGS: list[Flag] = [
     F("--video-ffmpeg-dir", "ignored", "DIR", note=MEDIA, env="LLAMA_ARG_VIDEO_FFMPEG_DIR"),
     F("-a --alias", "supported", "STRING", dest="alias", env="LLAMA_ARG_ALIAS"),
     F("--tags", "supported", "STRING", dest="tags", env="LLAMA_ARG_TAGS"),
-    F("--embd-normalize", "ignored", "N", note="embeddings are not supported"),
+    F("--embd-normalize", "supported", "N", dest="embd_normalize", type="int",
+      note="-1 none, 0 max-absolute (int16 range), 1 taxicab, 2 euclidean (default), p > 2 p-norm"),
     F("--host", "supported", "HOST", dest="host", note="addresses, comma-separated (IPv4 and IPv6; :: binds IPv6 only), or a UNIX socket path ending in .sock",
       env="LLAMA_ARG_HOST"),
     F("--port", "supported", "PORT", dest="port", type="int", env="LLAMA_ARG_PORT"),
     F("--reuse-port", "ignored", note="uvicorn binds one socket", env="LLAMA_ARG_REUSE_PORT"),
-    F("--path", "ignored", "PATH", note="no static files are served", env="LLAMA_ARG_STATIC_PATH"),
+    F("--path", "supported", "PATH", dest="static_path",
+      note="serve this directory's files at / (GET) instead of the built-in page; API routes come first",
+      env="LLAMA_ARG_STATIC_PATH"),
     F("--cors-origins", "supported", "ORIGINS", dest="cors_origins",
       note="default * (localhost with --tools); with --cors-credentials (default) * echoes the request's Origin, as upstream", env="LLAMA_ARG_CORS_ORIGINS"),
     F("--cors-methods", "supported", "METHODS", dest="cors_methods", env="LLAMA_ARG_CORS_METHODS"),
@@ -344,9 +351,14 @@ FLAGS: list[Flag] = [
       note="MCP servers inline (Cursor's mcpServers format)", env="LLAMA_ARG_MCP_SERVERS_JSON"),
     F("-ag --agent", "supported", negatives=("-no-ag", "--no-agent"), dest="agent",
       note="all built-in tools and the CORS proxy on (--no-agent: both off)", env="LLAMA_ARG_AGENT"),
-    F("--ui --webui", "ignored", negatives=("--no-ui", "--no-webui"), note=UI, env="LLAMA_ARG_UI"),
-    F("--embedding --embeddings", "refused", note="embeddings are not supported", env="LLAMA_ARG_EMBEDDINGS"),
-    F("--rerank --reranking", "refused", note="reranking is not supported", env="LLAMA_ARG_RERANKING"),
+    F("--ui --webui", "supported", negatives=("--no-ui", "--no-webui"), dest="ui",
+      note="the built-in chat page at / (default on; --no-ui: / is 404)", env="LLAMA_ARG_UI"),
+    F("--embedding --embeddings", "supported", dest="embeddings",
+      note="/embedding, /embeddings, /v1/embeddings over the loaded decoder's hidden states; completions keep "
+           "working; encoder-only (BERT-family) checkpoints are refused", env="LLAMA_ARG_EMBEDDINGS"),
+    F("--rerank --reranking", "supported", dest="reranking",
+      note="/rerank and aliases; needs a rank head (GGUF cls.* tensors, or a Qwen3-Reranker directory): a model "
+           "without one is refused at startup", env="LLAMA_ARG_RERANKING"),
     F("--api-key", "supported", "KEY", dest="api_key", env="LLAMA_API_KEY"),
     F("--api-key-file", "supported", "FNAME", dest="api_key_file", env="LLAMA_ARG_API_KEY_FILE"),
     F("--ssl-key-file", "supported", "FNAME", dest="ssl_key_file", env="LLAMA_ARG_SSL_KEY_FILE"),
@@ -363,7 +375,9 @@ FLAGS: list[Flag] = [
     F("--metrics", "supported", dest="metrics", env="LLAMA_ARG_ENDPOINT_METRICS"),
     F("--props", "supported", dest="props", note="POST /props is accepted; it changes nothing", env="LLAMA_ARG_ENDPOINT_PROPS"),
     F("--slots", "supported", negatives=("--no-slots",), dest="slots", env="LLAMA_ARG_ENDPOINT_SLOTS"),
-    F("--slot-save-path", "ignored", "PATH", note="saving/restoring slots is not supported"),
+    F("--slot-save-path", "supported", "PATH", dest="slot_save_path",
+      note="POST /slots/:id?action=save|restore|erase; the KV cache and tokens in a safetensors file (MLX's own "
+           "I/O), not upstream's binary state format"),
     F("--media-path", "ignored", "PATH", note=MEDIA),
     F("--models-dir", "supported", "PATH", dest="models_dir", note="router mode: a directory of models (GGUF files, "
       "directories of GGUF files, MLX checkpoints)", env="LLAMA_ARG_MODELS_DIR"),

@@ -18,8 +18,10 @@ from mlxcel.drafters.loading import load_target
 from mlxcel.engine.decode.plain import generate_tokens
 from mlxcel.engine.errors import PromptError
 from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, new_matcher
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.sampling.random_keys import resolve_seed
+from mlxcel.server.cli.generate_grammar import add_grammar_args, read_grammar
 from mlxcel.server.cli.generate_output import TextOut, format_summary, make_cache, max_new_tokens
 from mlxcel.server.cli.generate_speculative import add_speculative_args, check_speculative_args, run_speculative
 from mlxcel.server.cli.parser import CliArgumentParser
@@ -64,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def build_parser() -> CliArgumentParser:
     parser = add_arguments(CliArgumentParser(prog="mlxcel generate", description="Generate text from a prompt."))
-    return add_speculative_args(parser)
+    return add_speculative_args(add_grammar_args(parser))
 
 
 def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -129,9 +131,10 @@ def sampler_params(args: argparse.Namespace):
     )
 
 
-def stream_plain(loaded, prompt: list[int], params, args: argparse.Namespace, out=None):
+def stream_plain(loaded, prompt: list[int], params, args: argparse.Namespace, out=None,
+                 grammar: GrammarMatcher | None = None):
     """The plain decode path: write each token's text as it is generated; return the last
-    ``DecodeStep`` (None when nothing was generated)."""
+    ``DecodeStep`` (None when nothing was generated). ``grammar`` constrains it."""
     out = out or sys.stdout
     chain = SamplerChain(params, vocab_size=loaded.vocab_size, eos_token_ids=loaded.eos_token_ids,
                          tokenizer=loaded.tokenizer)
@@ -139,7 +142,7 @@ def stream_plain(loaded, prompt: list[int], params, args: argparse.Namespace, ou
     last = None
     for step in generate_tokens(loaded.model, prompt, chain, cache=make_cache(loaded, args),
                                 max_tokens=max_new_tokens(args, loaded, len(prompt)), seed=params.seed,
-                                prefill_step=args.prefill_step):
+                                prefill_step=args.prefill_step, grammar=grammar):
         last = step
         text.add([step.token])
     text.close()
@@ -156,9 +159,11 @@ def run(args: argparse.Namespace) -> int:
     prompt = encode_prompt(loaded, text, use_chat_template=not args.no_chat_template)
     params = sampler_params(args)
     log.info("prompt: %d tokens; sampler: %s", len(prompt), params)
+    spec = getattr(args, "grammar_spec", None)
+    grammar = new_matcher(spec, loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids) if spec else None
     if args.drafter is not None:
-        return run_speculative(args, loaded, prompt, params)
-    last = stream_plain(loaded, prompt, params, args)
+        return run_speculative(args, loaded, prompt, params, grammar=grammar)
+    last = stream_plain(loaded, prompt, params, args, grammar=grammar)
     if last is None:
         print(f"[Performance] prompt: {len(prompt)} tokens | generation: 0 tokens")
     else:
@@ -170,5 +175,6 @@ def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     validate(parser, args)
+    args.grammar_spec = read_grammar(parser, args)
     check_speculative_args(parser, args)
     return run(args)

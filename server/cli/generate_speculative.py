@@ -37,6 +37,7 @@ from mlxcel.drafters.registry import (
     kind_names,
 )
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.report import report_lines
 from mlxcel.engine.speculative.session import SpeculativeSession, speculative_generate
@@ -105,23 +106,24 @@ def check_speculative_args(parser: argparse.ArgumentParser, args: argparse.Names
 
 
 def make_session(args: argparse.Namespace, target: LoadedModel, params: SamplerParams,
-                 choice: Choice) -> SpeculativeSession:
-    """Load the chosen drafter against ``target`` and open the run's session."""
+                 choice: Choice, grammar: GrammarMatcher | None = None) -> SpeculativeSession:
+    """Load the chosen drafter against ``target`` and open the run's session (constrained by
+    ``grammar``, the run's matcher, when given)."""
     lookup = LookupOptions(ngram_min=args.prompt_lookup_min, ngram_max=args.prompt_lookup_max)
     source = load(choice, target, lookup=lookup, prefill_step=args.prefill_step)
     n_max = source.declared_block if args.num_draft_tokens is None else args.num_draft_tokens
     if choice.kind.model_based:
         n_max = min(n_max, source.declared_block)
     return SpeculativeSession(source.new(), params, n_max=n_max, diagnostics=diagnostics_enabled(),
-                              kind=choice.kind.loop)
+                              kind=choice.kind.loop, grammar=grammar)
 
 
 def run_speculative(args: argparse.Namespace, loaded: LoadedModel, prompt: list[int], params: SamplerParams,
-                    out: TextIO | None = None) -> int:
+                    out: TextIO | None = None, grammar: GrammarMatcher | None = None) -> int:
     """Decode with the chosen drafter, streaming text to ``out``; then the performance line and
     the acceptance report."""
     out = out or sys.stdout
-    session = make_session(args, loaded, params, args.drafter)
+    session = make_session(args, loaded, params, args.drafter, grammar)
     text = TextOut(loaded.tokenizer, out, set() if params.ignore_eos else loaded.eos_token_ids)
     last = None
     for step in speculative_generate(loaded, session, prompt, max_tokens=max_new_tokens(args, loaded, len(prompt)),

@@ -11,7 +11,7 @@ import sys
 
 import uvicorn
 
-from mlxcel.engine.platform.device import set_blas_threads
+from mlxcel.engine.platform.device import set_cpu_threads
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
 from mlxcel.server.cli.listen import bind, hosts
 from mlxcel.server.http.app import create_app
@@ -90,8 +90,9 @@ def run(config: ServerConfig) -> int:
         return 2
 
     if config.threads and config.threads > 0:
-        if not set_blas_threads(config.threads):
-            log.info("-t %d: OpenBLAS is not loaded in this process; nothing to set", config.threads)
+        if not set_cpu_threads(config.threads):
+            log.info("-t %d: neither OpenBLAS nor the CPU kernels are loaded in this process; nothing to set",
+                     config.threads)
 
     _Server = _server_class()
     try:

@@ -19,7 +19,19 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.gate import GateMiddleware
 from mlxcel.server.http.limits import BodyRefused, Limits
-from mlxcel.server.http.routes import completions, cors_proxy, info, tokens, tools, unsupported
+from mlxcel.server.http.routes import (
+    anthropic,
+    completions,
+    cors_proxy,
+    embeddings,
+    info,
+    responses,
+    slot_actions,
+    tokens,
+    tools,
+    unsupported,
+    webui,
+)
 from mlxcel.server.http.routes.gcp import add_gcp_routes
 from mlxcel.server.http.sleep import IdleSleep, unload
 from mlxcel.server.http.sse import JsonResponse
@@ -31,7 +43,8 @@ from mlxcel.server.tools.registry import ServerTools
 
 log = logging.getLogger(__name__)
 
-ROUTE_MODULES = (info, unsupported, tokens, completions, tools, cors_proxy)
+ROUTE_MODULES = (info, unsupported, tokens, completions, slot_actions, embeddings, responses, anthropic, tools,
+                 cors_proxy)
 
 
 def create_app(config: ServerConfig, loader: Callable[[], LoadedModel] | None = None) -> FastAPI:
@@ -81,6 +94,7 @@ def create_app(config: ServerConfig, loader: Callable[[], LoadedModel] | None = 
     router = APIRouter(prefix=config.api_prefix)
     for module in ROUTE_MODULES:
         module.add_routes(router)
+    webui.add_routes(router, config)  # last: --path serves every other GET
     app.router.routes.extend(router.routes)  # flat, so app.routes lists every route
     add_gcp_routes(app, config)  # Vertex AI's prediction route, when AIP_MODE=PREDICTION
     return app

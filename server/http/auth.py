@@ -2,8 +2,8 @@
 carries a valid one.
 
 As upstream: the key comes as ``Authorization: Bearer <key>`` (or the ``X-Api-Key`` header that
-Anthropic-style clients send); ``/health``, ``/v1/health``, ``/models``, ``/v1/models`` and ``/``
-stay public; a missing or wrong key is 401 ``{"error": {"code": 401, "message": "Invalid API Key",
+Anthropic-style clients send); ``/health``, ``/v1/health``, ``/models``, ``/v1/models`` and the web
+page (``/``, ``/index.html``) stay public; a missing or wrong key is 401 ``{"error": {"code": 401, "message": "Invalid API Key",
 "type": "authentication_error"}}``. Keys are compared in constant time.
 """
 
@@ -13,7 +13,7 @@ import hmac
 
 from mlxcel.server.runtime.errors import ApiError
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/"})
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/", "/index.html"})
 
 
 def invalid_key() -> ApiError:

@@ -12,6 +12,7 @@ upstream's built-in formats (a name such as ``llama3``, or detected from the Jin
 from __future__ import annotations
 
 import datetime
+from functools import lru_cache
 from typing import Any
 
 import jinja2
@@ -113,6 +114,43 @@ def _lenient(template: str) -> None:
         pass
 
 
+def llama_server_messages(tokenizer, template: str, messages: list[dict]) -> list[dict]:
+    """The messages as llama-server hands them to a Jinja template: ``developer`` becomes
+    ``system`` (except for GPT-OSS's channel templates, which know it), and a leading system
+    message merges into the next one (joined by a newline) for a template that has no place for
+    it, e.g. Gemma 2's, which raises on a system turn. (Upstream drops a system message that is
+    the only one; an empty conversation is not something transformers renders, so it is kept and
+    the template says what it says about it.)"""
+    if "<|channel|>" not in template:
+        messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+    if len(messages) > 1 and messages[0].get("role") == "system" and not _supports_system_role(tokenizer, template):
+        first, rest = messages[0], messages[1:]
+        if rest and isinstance(first.get("content"), str) and isinstance(rest[0].get("content"), str):
+            rest = [{**rest[0], "content": first["content"] + "\n" + rest[0]["content"]}, *rest[1:]]
+        messages = rest
+    return messages
+
+
+_PROBE = "mlxcel system probe"
+
+
+@lru_cache(maxsize=32)
+def _system_role_probe(tok, template: str) -> bool:
+    probe = [{"role": "system", "content": _PROBE}, {"role": "user", "content": "User message"}]
+    _lenient(template)
+    try:
+        text = tok.apply_chat_template(probe, chat_template=template, tokenize=False, add_generation_prompt=True)
+    except Exception:  # e.g. raise_exception('System role not supported')
+        return False
+    return _PROBE in text
+
+
+def _supports_system_role(tokenizer, template: str) -> bool:
+    """Whether the template renders a system message's content (upstream probes the same way:
+    a system and a user message, and whether the system content was used)."""
+    return _system_role_probe(getattr(tokenizer, "_tokenizer", tokenizer), template)
+
+
 def apply_template(tokenizer, template: str | None, messages: list[dict], add_generation_prompt: bool = True,
                    extra: dict | None = None, continuation: str | None = None, jinja: bool = True,
                    legacy_format: str | None = None) -> str:
@@ -136,6 +174,7 @@ def apply_template(tokenizer, template: str | None, messages: list[dict], add_ge
         extra.pop(reserved, None)
     if continuation is not None:
         add_generation_prompt = True
+    messages = llama_server_messages(tokenizer, template, messages)
     _lenient(template)
     try:
         text = tok.apply_chat_template(messages, chat_template=template, tokenize=False,

@@ -37,7 +37,7 @@ def props(state) -> dict:
         "endpoint_slots": state.config.slots,
         "endpoint_props": state.config.props,
         "endpoint_metrics": state.config.metrics,
-        "ui": False,
+        "ui": bool(state.config.ui),
         "ui_settings": {},
         "chat_template": state.template or "",
         "chat_template_caps": dict(state.template_info.caps) or {

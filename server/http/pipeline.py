@@ -18,14 +18,12 @@ from starlette.responses import Response
 
 from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
 from mlxcel.server.http.schema import parse_body
-from mlxcel.server.http.sse import DONE, JsonResponse, event, event_stream
+from mlxcel.server.http.sse import DONE, JsonResponse, event_stream
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.http.tasks import PING, gather_results, merged_events, open_tasks, until_disconnect, with_pings
 from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.scheduler import TaskHandle
 from mlxcel.server.runtime.task import Final, Partial, Progress
-
-PING_FRAME = b": ping\n\n"  # an SSE comment: clients skip it, proxies see traffic
 
 
 async def read_body(request: Request) -> dict:
@@ -48,13 +46,13 @@ async def complete(request: Request, fmt: ResponseFormat) -> Response:
 
 async def _chunks(writer: CompletionStream, handles: list[TaskHandle], ping_s: int = -1) -> AsyncIterator[bytes]:
     """The SSE frames of one streamed response; a failure ends it with an error event. With
-    ``ping_s`` > 0 (``sse_ping_interval``) an SSE comment goes out after that many silent seconds."""
+    ``ping_s`` > 0 (``sse_ping_interval``) the writer's ping goes out after that many silent seconds."""
     try:
         for chunk in writer.opening():
-            yield event(chunk)
+            yield writer.frame(chunk)
         async for item in with_pings(merged_events(handles), ping_s):
             if item is PING:
-                yield PING_FRAME
+                yield writer.ping
                 continue
             i, ev = item
             index = handles[i].index
@@ -67,10 +65,11 @@ async def _chunks(writer: CompletionStream, handles: list[TaskHandle], ping_s: i
             else:
                 raise TypeError(f"unexpected task event {type(ev).__name__}")
             for chunk in chunks:
-                yield event(chunk)
+                yield writer.frame(chunk)
         if writer.done_marker:
             yield DONE
     except ApiError as exc:
-        yield event(exc.body())
+        for chunk in writer.failed(exc):
+            yield writer.frame(chunk)
 
 

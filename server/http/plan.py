@@ -17,6 +17,7 @@ from typing import Any
 from mlxcel.server.http import reasoning
 from mlxcel.server.http.chat_output import ChatParsing
 from mlxcel.server.http.chat_template import apply_template, normalize_messages
+from mlxcel.server.http.grammar_fields import request_grammar
 from mlxcel.server.http.prompts import check_tokens, least_tokens, split_prompts, tokenize_prompt
 from mlxcel.server.http.request_params import check_unsupported, generation_options
 from mlxcel.server.http.schema import INT_MAX, ChatRequest, CompletionRequest, SamplingFields, check_range, validate
@@ -220,10 +221,15 @@ def _check_speculative_type(state: ServerState, req: SamplingFields) -> None:
                       f"startup); a request may ask for that or 'none', not {wanted!r}")
 
 
-def _options(state: ServerState, req: SamplingFields, n_predict: int | None, n_probs: int) -> GenerationOptions:
+def _options(state: ServerState, req: SamplingFields, n_predict: int | None, n_probs: int, *,
+             chat: bool = False) -> GenerationOptions:
     check_sampling_fields(req, n_predict, n_probs)
     _check_speculative_type(state, req)
-    return generation_options(req, state.defaults, state.loaded, n_predict=n_predict, n_probs=n_probs)
+    opts = generation_options(req, state.defaults, state.loaded, n_predict=n_predict, n_probs=n_probs)
+    tools_called = chat and bool(getattr(req, "tools", None)) and getattr(req, "tool_choice", None) != "none"
+    opts.grammar = request_grammar(req, chat=chat, jinja=state.jinja, tools_called=tools_called,
+                                   default=state.defaults.grammar)
+    return opts
 
 
 def _first(*values):
@@ -302,7 +308,7 @@ def chat_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPla
     if req.logprobs and req.stream and chat.calls is not None:
         raise invalid("logprobs is not supported with tools + stream")
     n_probs = max(top_n or 0, 1) if req.logprobs else 0
-    opts = _options(state, req, n_predict, n_probs)
+    opts = _options(state, req, n_predict, n_probs, chat=True)
     opts.reasoning_format = fmt
     opts.reasoning_budget = reasoning.budget_spec(
         req, state.loaded.tokenizer, budget=reasoning.budget_tokens(req, state.config.reasoning_budget),

@@ -1,22 +1,25 @@
 """A validated request -> :class:`GenerationOptions`: server defaults overridden by the request's
 fields, upstream's range checks, and explicit refusals of what mlxcel does not implement
-(grammars and JSON schemas, mirostat, top-n-sigma, dynamic temperature, adaptive-p, LoRA, custom
-sampler orders).
+(mirostat, top-n-sigma, dynamic temperature, adaptive-p, LoRA, custom sampler orders). A request's
+grammar is read by ``grammar_fields``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxcel.engine.sampling.grammar import Grammar
 from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.server.http.grammar_fields import gbnf_grammar, schema_grammar
 from mlxcel.server.http.limits import check_stops
 from mlxcel.server.http.prompts import tokenize_text
 from mlxcel.server.http.schema import SamplingFields
 from mlxcel.server.runtime.config import ArgumentError, ServerConfig
-from mlxcel.server.runtime.errors import invalid
+from mlxcel.server.runtime.errors import ApiError, invalid
 from mlxcel.server.runtime.task import GenerationOptions
 
 DEFAULT_SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
@@ -29,8 +32,6 @@ _SAMPLER_ALIASES = {
 _SAMPLER_CHARS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
                   "m": "min_p", "x": "xtc", "t": "temperature"}
 UNSUPPORTED = "is not supported by mlxcel (there is no {what} in its sampler chain)"
-NO_GRAMMAR = ("grammar-constrained generation ({field}) is not supported by mlxcel: it has no grammar engine; "
-              "remove the field, or constrain the output with a stop string or a prompt instead")
 
 
 # SamplerParams fields that both the command line (build_defaults) and a request set by name
@@ -52,6 +53,7 @@ class ServerDefaults:
     n_slots: int = 4
     # upstream's generation_settings["speculative.types"]: "none", or "none,<spec type>" on a drafting server
     speculative_types: str = "none"
+    grammar: Grammar | None = None  # --grammar / --grammar-file / -j / -jf: for requests that name none
 
 
 def _sampler_fields() -> set[str]:
@@ -123,7 +125,19 @@ def build_defaults(config: ServerConfig) -> ServerDefaults:
         params["seed"] = config.seed
     return ServerDefaults(sampler=SamplerParams(**params), seed=config.seed, n_predict=config.n_predict,
                           samplers=samplers, cache_prompt=config.cache_prompt, n_keep=config.n_keep,
-                          n_slots=config.n_slots)
+                          n_slots=config.n_slots, grammar=default_grammar(config))
+
+
+def default_grammar(config: ServerConfig) -> Grammar | None:
+    """The command line's grammar (``args`` has read the files and checked the text)."""
+    try:
+        if config.json_schema is not None:
+            return schema_grammar(json.loads(config.json_schema), prefix="-j/--json-schema: ")
+        if config.grammar:
+            return gbnf_grammar(config.grammar)
+    except (ValueError, ApiError) as exc:
+        raise ArgumentError(f"the command line's grammar: {getattr(exc, 'message', exc)}") from None
+    return None
 
 
 def parse_logit_bias(value: Any, tokenizer, vocab_size: int) -> dict[int, float]:
@@ -166,17 +180,6 @@ def parse_logit_bias(value: Any, tokenizer, vocab_size: int) -> dict[int, float]
 
 
 def check_unsupported(req: SamplingFields) -> None:
-    if req.grammar:
-        raise invalid(NO_GRAMMAR.format(field="grammar"))
-    if req.json_schema is not None:
-        raise invalid(NO_GRAMMAR.format(field="json_schema"))
-    fmt = req.response_format
-    if fmt is not None:
-        kind = fmt.get("type") if isinstance(fmt, dict) else None
-        if kind not in ("text", "json_object", "json_schema"):
-            raise invalid(f'response_format type must be one of "text" or "json_object", but got: {kind}')
-        if kind != "text":
-            raise invalid(NO_GRAMMAR.format(field=f"response_format {kind}"))
     if req.mirostat:
         raise invalid("Field 'mirostat': " + UNSUPPORTED.format(what="mirostat sampler"))
     if req.top_n_sigma is not None and req.top_n_sigma > 0:
@@ -273,6 +276,7 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         spec_n_max=(req.speculative_n_max if req.speculative_n_max is not None else req.speculative_ngram_size_m),
         spec_n_min=req.speculative_n_min,
         spec_stochastic=req.speculative_stochastic_accept,
+        draft_flags=bool(req.mlxcel_draft_flags),
         speculative_types=defaults.speculative_types,
         echo=echo,
     )

@@ -82,6 +82,7 @@ class SamplingFields(BaseModel):
     speculative_n_max: Int | None = Field(None, alias="speculative.n_max")
     speculative_n_min: Int | None = Field(None, alias="speculative.n_min")
     speculative_stochastic_accept: bool | None = Field(None, alias="speculative.stochastic_accept")  # mlxcel
+    mlxcel_draft_flags: bool | None = None  # mlxcel: per-token accepted-draft flags in stream chunks
     speculative_type: str | None = Field(None, alias="speculative.type")
     speculative_ngram_size_n: Int | None = Field(None, alias="speculative.ngram_size_n")
     speculative_ngram_size_m: Int | None = Field(None, alias="speculative.ngram_size_m")

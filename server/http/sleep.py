@@ -43,8 +43,9 @@ log = logging.getLogger(__name__)
 # (method, path) that answer while asleep, do not wake the model and do not count as activity
 READ_ONLY = {("GET", "/health"), ("GET", "/v1/health"), ("GET", "/props"), ("GET", "/models"),
              ("GET", "/v1/models"), ("GET", "/metrics")}
-# routes that never use the model: they are neither activity nor a reason to wake
-MODEL_FREE = {"/tools", "/cors-proxy", "/openapi.json", "/"}
+# routes that never use the model: they are neither activity nor a reason to wake (the page and
+# the --path files too)
+MODEL_FREE = {"/tools", "/cors-proxy", "/openapi.json", "/", "/index.html", "/{path:path}"}
 CHECK_EVERY_S = 0.1
 
 
@@ -122,11 +123,15 @@ class IdleSleep:
         prefix = self.state.config.api_prefix
         if prefix and path.startswith(prefix):
             path = path[len(prefix):] or "/"
-        if (method, path) in READ_ONLY or path in MODEL_FREE:
+        if (method, path) in READ_ONLY:
             return False
         app = scope.get("app")  # the application (Starlette puts itself in the scope)
-        routes = app.router.routes if app is not None else ()
-        return any(route.matches(scope)[0] == Match.FULL for route in routes)
+        for route in app.router.routes if app is not None else ():
+            if route.matches(scope)[0] == Match.FULL:
+                route_path = getattr(route, "path", "")
+                prefix = self.state.config.api_prefix
+                return route_path.removeprefix(prefix) not in MODEL_FREE if prefix else route_path not in MODEL_FREE
+        return False  # a 404 wakes nothing
 
     async def serve(self, app, scope, receive, send) -> None:
         """Run one request: wake the model first if the request needs it, and count it as activity."""

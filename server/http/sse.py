@@ -1,6 +1,7 @@
 """Response framing: compact UTF-8 JSON bodies and Server-Sent Events, byte for byte as
 llama-server sends them (``data: <json>\\n\\n`` per event; ``data: [DONE]`` ends OpenAI-style
-streams only; ``Content-Type: text/event-stream`` without a charset)."""
+streams only; ``Content-Type: text/event-stream`` without a charset). The Responses and Anthropic
+streams name each event (``event: <type>`` before its ``data:`` line), as upstream does."""
 
 from __future__ import annotations
 
@@ -46,6 +47,11 @@ class JsonResponse(Response):
 
 def event(obj: Any) -> bytes:
     return b"data: " + dumps(obj) + b"\n\n"
+
+
+def named_event(name: str, obj: Any) -> bytes:
+    """An event with an ``event:`` line, as the Responses and Anthropic streams name theirs."""
+    return b"event: " + name.encode("utf-8") + b"\ndata: " + dumps(obj) + b"\n\n"
 
 
 def event_stream(chunks: AsyncIterator[bytes]) -> StreamingResponse:

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from mlx.utils import tree_flatten
 
 from mlxcel.drafters.loading import load_target
+from mlxcel.engine.model.fim_tokens import model_fim_tokens
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.chat_template import legacy_format, resolve_template
 from mlxcel.server.http.prompts import longest_piece
@@ -21,6 +22,7 @@ from mlxcel.server.http.template_caps import probe_template
 from mlxcel.server.http.token_text import TokenText
 from mlxcel.server.http.tool_calls import call_syntax
 from mlxcel.server.runtime.config import ServerConfig
+from mlxcel.server.runtime.embedder import Embedder
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.speculation import Speculation
 from mlxcel.server.runtime.speculation_settings import resolve
@@ -66,6 +68,8 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     state.tags = comma_set(config.tags)
     state.token_text = TokenText(loaded.tokenizer)
     state.piece_chars = longest_piece(loaded.tokenizer)
+    state.fim = model_fim_tokens(loaded.tokenizer, loaded.vocab_size, loaded.metadata.get("token_ids"))
+    state.embedder = Embedder.load(config, loaded)
     state.n_params = int(sum(v.size for _, v in tree_flatten(loaded.model.parameters())))
     state.loaded = loaded
     settings = resolve(config)

@@ -6,13 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxcel.engine.model.fim_tokens import FimTokens
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.http.limits import Limits
 from mlxcel.server.http.request_params import ServerDefaults
+from mlxcel.server.http.response_store import ResponseStore
 from mlxcel.server.http.template_caps import TemplateInfo, ThinkMarkers
 from mlxcel.server.http.token_text import TokenText
 from mlxcel.server.http.tool_calls import CallSyntax
 from mlxcel.server.runtime.config import ServerConfig
+from mlxcel.server.runtime.embedder import Embedder
 from mlxcel.server.runtime.metrics import Metrics
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.task import GenerationOptions
@@ -41,6 +44,9 @@ class ServerState:
     limits: Limits = field(default_factory=Limits)
     n_params: int = 0  # counted at load time, so no MLX call happens on the event loop
     piece_chars: int = 0  # longest vocabulary piece, for prompts.least_tokens
+    fim: FimTokens | None = None  # the model's fill-in-the-middle tokens (/infill)
+    embedder: Embedder | None = None  # --embeddings / --reranking
+    responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's stored responses
     sleep: Any = None  # sleep.IdleSleep with --sleep-idle-seconds (it imports this module)
 
     @property

@@ -56,6 +56,10 @@ class ServerConfig:
     dry_sequence_breaker: list[str] | None = None
     ignore_eos: bool = False
     logit_bias: list[str] | None = None
+    grammar: str | None = None  # --grammar (or the text of --grammar-file): GBNF, or llguidance Lark
+    grammar_file: str | None = None
+    json_schema: str | None = None  # -j (or the text of -jf): a JSON schema
+    json_schema_file: str | None = None
     samplers: str | None = None
     sampler_seq: str | None = None
     api_key: str | None = None
@@ -93,6 +97,14 @@ class ServerConfig:
     max_prompt_tokens: int = 0
     max_queue: int | None = None  # None: MLXCEL_MAX_QUEUE, else 256
     cache_prompt: bool = True
+    spm_infill: bool = False  # /infill: suffix before prefix
+    slot_save_path: str | None = None  # --slot-save-path: where POST /slots/:id saves and restores
+    static_path: str | None = None  # --path: serve this directory's files at / instead of the web page
+    ui: bool = True  # --ui / --no-ui: the web page at /
+    embeddings: bool = False  # --embeddings: the embedding routes
+    reranking: bool = False  # --reranking: the rerank routes (rank pooling)
+    pooling: str | None = None  # --pooling; None: the model's own
+    embd_normalize: int = 2  # --embd-normalize: the default of a request's embd_normalize
     slot_prompt_similarity: float = 0.1
     log_disable: bool = False
     log_file: str | None = None

@@ -9,8 +9,9 @@ it is never blocked by model work. The engine thread runs continuous batching ov
             past --timeout, or every task once shutting down (begin_shutdown, on SIGTERM)
         give waiting tasks free slots (reusing each slot's cached prompt prefix)
         prefill: one chunk (<= --ubatch-size tokens) for each prefilling slot, <= --batch-size in all
-        decode: one batched forward for every plain decoding row, then each row samples with its own chain;
-                then one verify round for each speculating row
+        decode: one batched forward for every plain decoding row, then each row samples with its own chain
+                (the grammar masks of the constrained rows computed together, off the GIL, while the
+                forward runs); then one verify round for each speculating row
 
 A task whose prompt is fully prefilled samples its first token from the prefill logits and joins
 the decode batch before the next step, so new requests join between steps without waiting for the
@@ -34,23 +35,29 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import mlx.core as mx
 
 from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
 from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.grammar import GrammarError
+from mlxcel.engine.sampling.grammar_matcher import allowed_rows, fill_masks, new_matcher
 from mlxcel.engine.sampling.random_keys import resolve_seed
-from mlxcel.server.runtime.errors import ApiError, shutting_down, timed_out, unavailable
+from mlxcel.server.runtime.errors import ApiError, invalid, shutting_down, timed_out, unavailable
 from mlxcel.server.runtime.faults import FaultPlan
 from mlxcel.server.runtime.faults import fail as inject_fault
 from mlxcel.server.runtime.kv_pool import KvPool, exceeded
 from mlxcel.server.runtime.metrics import Metrics
 from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
 from mlxcel.server.runtime.speculation import Speculation
-from mlxcel.server.runtime.task import Failed, Final, GenerationOptions, Task
+from mlxcel.server.runtime.task import Deferred, Failed, Final, GenerationOptions, Job, Task
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class Scheduler:
@@ -78,8 +85,9 @@ class Scheduler:
         self.metrics = metrics or Metrics()
         self.eos_ids = set(loaded.eos_token_ids)
         self.vocab_size = loaded.vocab_size
-        self._inbox: queue.Queue[Task | None] = queue.Queue()
+        self._inbox: queue.Queue[Task | Job | None] = queue.Queue()
         self._pending: deque[Task] = deque()
+        self._jobs: deque[Job] = deque()
         self._batch = DecodeBatch(loaded.model)
         self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
         self.faults = FaultPlan.from_env()
@@ -137,6 +145,25 @@ class Scheduler:
         self.submit(task)
         return TaskHandle(task, events)
 
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn()`` on the engine thread between two steps and return what it returns (or raise
+        what it raises). ``fn`` may raise ``task.Deferred`` to be run again after the next step."""
+        if self._stopping or self._draining:
+            raise shutting_down()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+
+        def settle(value: Any, error: BaseException | None) -> None:
+            if future.done():  # the caller went away
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(value)
+
+        self._inbox.put(Job(fn, lambda value, error: loop.call_soon_threadsafe(settle, value, error)))
+        return await future
+
     # -- engine thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
@@ -150,11 +177,12 @@ class Scheduler:
                         self._fail(slot, exc)
 
     def _has_work(self) -> bool:
-        return bool(self._pending) or any(s.busy for s in self.slots)
+        return bool(self._pending) or bool(self._jobs) or any(s.busy for s in self.slots)
 
     def _iteration(self) -> None:
         self._drain(block=not self._has_work())
         self._drop_ended()
+        self._run_jobs()
         self._assign()
         self._prefill()
         self._decode()
@@ -165,12 +193,33 @@ class Scheduler:
         except queue.Empty:
             return
         while True:
-            if task is not None:
+            if isinstance(task, Job):
+                self._jobs.append(task)
+            elif task is not None:
                 self._pending.append(task)
             try:
                 task = self._inbox.get_nowait()
             except queue.Empty:
                 return
+
+    def _run_jobs(self) -> None:
+        """Run the queued jobs; one that is deferred waits for the next iteration."""
+        waiting: deque[Job] = deque()
+        while self._jobs:
+            job = self._jobs.popleft()
+            if self._draining:
+                job.done(None, shutting_down())
+                continue
+            try:
+                value = job.run()
+            except Deferred:
+                waiting.append(job)
+                continue
+            except Exception as exc:
+                job.done(None, exc)
+                continue
+            job.done(value, None)
+        self._jobs = waiting
 
     def _ending(self, task: Task, now: float) -> ApiError | None:
         """Why a live task must end now: the server is shutting down, or it passed --timeout."""
@@ -241,8 +290,10 @@ class Scheduler:
         chain = SamplerChain(params, vocab_size=self.vocab_size, eos_token_ids=self.eos_ids,
                              tokenizer=self.lm.tokenizer)
         seed = resolve_seed(task.options.seed)
+        grammar = task.options.grammar
+        matcher = new_matcher(grammar, self.lm.tokenizer, self.vocab_size, self.eos_ids) if grammar else None
         slot.run = SlotRun(slot, task, chain, seed, self.lm.tokenizer, self.eos_ids, cache_n=reuse,
-                           context_shift=self.context_shift)
+                           context_shift=self.context_shift, grammar=matcher)
         if self.faults is not None:
             slot.run.fault = self.faults.stage_for(self.lm.tokenizer.decode(prompt))
         slot.last_used = time.perf_counter()
@@ -278,7 +329,8 @@ class Scheduler:
                 elif self.speculation is not None and self.speculation.eligible(run.opts) \
                         and can_rewind(slot.cache, 1):
                     # a speculating row keeps its own cache (see the module docstring)
-                    run.spec = self.speculation.start(run.opts, run.prompt + run.generated, run.seed, self.n_ubatch)
+                    run.spec = self.speculation.start(run.opts, run.prompt + run.generated, run.seed, self.n_ubatch,
+                                                      grammar=run.grammar)
                 else:
                     self._batch.add(slot.id, slot.cache)
                     slot.cache = None
@@ -321,8 +373,8 @@ class Scheduler:
                                 run.round_room())
             now = time.perf_counter()
             used = 0
-            for token in result.emitted:
-                run.accept(token, now)
+            for i, token in enumerate(result.emitted):  # the accepted drafts, then the target's own token
+                run.accept(token, now, drafted=i < result.accepted)
                 used += 1
                 if run.done:
                     break
@@ -372,7 +424,9 @@ class Scheduler:
         try:
             if any(run.fault == "forward" for run in runs):
                 inject_fault("forward")
-            logits = self._batch.step([run.generated[-1] for run in runs])
+            logits = self._batch.queue_step([run.generated[-1] for run in runs])
+            allowed = self._masks(runs, logits.shape[-1])  # while the forward runs
+            mx.eval(logits)
         except Exception as exc:
             # the forward touched exactly these rows: fail them, start a fresh batch, keep serving
             log.exception("batched decode step failed; failing its %d rows", len(rows))
@@ -390,7 +444,7 @@ class Scheduler:
             try:
                 if run.fault == "sample":
                     inject_fault("sample")
-                run.accept(run.sample(logits[j]), now)
+                run.accept(run.sample(logits[j], allowed.get(j)), now)
             except Exception as exc:
                 log.exception("sampling failed in slot %d", row)
                 run.fail(_as_api_error(exc))
@@ -398,6 +452,20 @@ class Scheduler:
                 finished.append(row)
         for row in finished:
             self._release(self.slots[row], send=not self.slots[row].run.task_failed)
+
+    @staticmethod
+    def _masks(runs: list[SlotRun], vocab_size: int) -> dict[int, mx.array]:
+        """The grammar masks of the batch's constrained rows, by row index, computed in one call on
+        llguidance's thread pool. A matcher that fails leaves its row to compute its own (and fail
+        alone) in ``SlotRun.sample``."""
+        rows = [(j, run.grammar) for j, run in enumerate(runs) if run.grammar is not None]
+        if not rows:
+            return {}
+        try:
+            masks = fill_masks([(matcher, ()) for _, matcher in rows])
+        except GrammarError:
+            return {}
+        return {j: allowed_rows(mask, vocab_size) for (j, _), mask in zip(rows, masks)}
 
     def _release(self, slot: Slot, send: bool = True) -> None:
         """End the slot's run: take its row out of the batch (keeping its cache for prompt reuse),
@@ -480,4 +548,6 @@ class TaskHandle:
 def _as_api_error(exc: Exception) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
+    if isinstance(exc, GrammarError):
+        return invalid(f"Failed to initialize samplers: {exc}")
     return ApiError(f"generation failed: {type(exc).__name__}: {exc}", "server_error")

@@ -18,6 +18,7 @@ from typing import Any
 import mlx.core as mx
 
 from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.server.runtime.detokenizer import IncrementalDetokenizer
 from mlxcel.server.runtime.errors import ApiError
@@ -78,7 +79,7 @@ class SlotRun:
     """One request running in one slot (engine thread only)."""
 
     def __init__(self, slot: Slot, task: Task, chain: SamplerChain, seed: int, tokenizer, eos_ids: set[int],
-                 cache_n: int, context_shift: bool = False):
+                 cache_n: int, context_shift: bool = False, grammar: GrammarMatcher | None = None):
         self.slot = slot
         self.task = task
         self.opts = task.options
@@ -94,6 +95,7 @@ class SlotRun:
         self.text = ""
         self.sent = 0  # characters of ``text`` already streamed
         self.pending_tokens: list[int] = []
+        self.pending_drafted: list[bool] = []  # per pending token: an accepted draft (not target-sampled)
         self.pending_probs: list[TokenProb] = []
         self.probs: list[TokenProb] = []
         self.stop_type = "none"
@@ -106,6 +108,8 @@ class SlotRun:
         self.t_last = 0.0
         self.spec: SpeculativeSession | None = None  # while this request speculates
         self.spec_ended: SpeculativeSession | None = None  # speculated until a context shift (its counters)
+        # a constrained request's matcher: advanced over every accepted token; its end ends the request
+        self.grammar = grammar
         self.context_shift = context_shift
         # after a context shift: the context at the shift (head) and where generated tokens join it
         self.head: list[int] | None = None
@@ -202,38 +206,45 @@ class SlotRun:
         room = self.room()
         return room if self.budget is None else min(room, self.budget.round_limit())
 
-    def sample(self, logits: mx.array) -> int:
+    def sample(self, logits: mx.array, allowed: mx.array | None = None) -> int:
         """Choose the next token from ``logits[V]`` (the row for this request); while the reasoning
-        budget forces its end tag, the forced token."""
+        budget forces its end tag, the forced token. A constrained request's mask ``allowed``
+        (``[1, V]``) is computed here unless the caller has it."""
         history = self.prompt + self.generated
         row = logits[None]
         forced = self.budget.forced if self.budget is not None else None
         if forced is not None:
             token = forced
         else:
-            token = self.chain.select(row, history, seed=self.seed, first_position=len(history))[0]
+            if allowed is None and self.grammar is not None:
+                allowed = allowed_rows(self.grammar.masks(), row.shape[-1])
+            token = self.chain.select(row, history, seed=self.seed, first_position=len(history), allowed=allowed)[0]
         if self.opts.n_probs > 0:
-            prob = self._token_probs(row, history, token)
+            prob = self._token_probs(row, history, token, allowed)
             self.probs.append(prob)
             self.pending_probs.append(prob)
         return int(token)
 
-    def _token_probs(self, row: mx.array, history: list[int], token: int) -> TokenProb:
+    def _token_probs(self, row: mx.array, history: list[int], token: int, allowed: mx.array | None) -> TokenProb:
         """What ``n_probs`` reports for this position: log-probabilities of the raw distribution,
-        or probabilities of the effective one with ``post_sampling_probs``."""
+        or probabilities of the effective one (the grammar's mask included) with ``post_sampling_probs``."""
         post = self.opts.post_sampling_probs
         (probs,) = self.chain.token_probs(row, [token], self.opts.n_probs, post_sampling=post, log_probs=not post,
-                                          history=history, seed=self.seed, first_position=len(history))
+                                          history=history, seed=self.seed, first_position=len(history),
+                                          allowed=allowed if post else None)
         return TokenProb(id=token, value=probs.prob, top=probs.top)
 
-    def accept(self, token: int, now: float) -> None:
+    def accept(self, token: int, now: float, drafted: bool = False) -> None:
         """Record a sampled token: update text, check EOS / stop strings / limits, stream what is
-        safe to stream."""
+        safe to stream. ``drafted``: the token is an accepted draft of a verify round."""
         if not self.generated:
             self.t_prefill_end = now
         self.t_last = now
         self.generated.append(token)
         self.pending_tokens.append(token)
+        self.pending_drafted.append(drafted)
+        if self.grammar is not None:
+            self.grammar.advance([token])
         if self.budget is not None:
             self.budget.accept(token)
         if token in self.eos_ids and not self.opts.sampler.ignore_eos:
@@ -252,6 +263,9 @@ class SlotRun:
                         self.done = True
                 if not self.done:
                     self._line_limits(delta, now)
+        if not self.done and self.grammar is not None and self.grammar.stopped:
+            self.stop_type = "eos"  # the grammar is complete: only end-of-sequence could follow
+            self.done = True
         if not self.done and len(self.generated) >= self.limit():
             self.stop_type = "limit"
             if not self.context_shift:
@@ -292,9 +306,11 @@ class SlotRun:
         text = self.text[self.sent:end]
         self.sent = end
         self.task.sink(Partial(text=text, tokens=self.pending_tokens, probs=self.pending_probs,
+                               drafted=self.pending_drafted,
                                n_predicted=len(self.generated),
                                timings=self.timings() if self.opts.timings_per_token else None))
         self.pending_tokens = []
+        self.pending_drafted = []
         self.pending_probs = []
 
     def fail(self, error: ApiError) -> None:

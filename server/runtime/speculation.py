@@ -37,6 +37,7 @@ import logging
 from mlxcel.drafters.loading import DrafterSource, load
 from mlxcel.drafters.registry import DrafterKind
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.speculative.session import SpeculativeSession, decline_reason
 from mlxcel.server.runtime.speculation_settings import SpeculationSettings
 from mlxcel.server.runtime.task import GenerationOptions
@@ -96,15 +97,17 @@ class Speculation:
             return False
         return True
 
-    def start(self, opts: GenerationOptions, sequence: list[int], seed: int, prefill_step: int) -> SpeculativeSession:
-        """A started session for a request whose prefill just picked the last token of ``sequence``."""
+    def start(self, opts: GenerationOptions, sequence: list[int], seed: int, prefill_step: int,
+              grammar: GrammarMatcher | None = None) -> SpeculativeSession:
+        """A started session for a request whose prefill just picked the last token of ``sequence``
+        (``grammar``: the request's matcher when it is constrained)."""
         s = self.settings
         assert s.n_max is not None  # resolved at load
         n_max = min(s.n_max, opts.spec_n_max) if opts.spec_n_max else s.n_max
         n_min = min(n_max, opts.spec_n_min if opts.spec_n_min is not None else s.n_min)
         session = SpeculativeSession(self.source.new(n_min, ngram_max=opts.spec_ngram_max), opts.sampler,
                                      n_max=n_max, n_min=n_min, synth_probs=s.synth_probs,
-                                     stochastic=opts.spec_stochastic, kind=self.draft_kind)
+                                     stochastic=opts.spec_stochastic, kind=self.draft_kind, grammar=grammar)
         session.prime(self.target.model, sequence[:-1], self.target.make_cache, prefill_step)
         session.begin(sequence, seed)
         log.info("request speculates: %s drafter, rule=%s, block %d", session.drafter.kind, session.rule, n_max)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxcel.engine.sampling.grammar import Grammar
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.server.runtime.reasoning_budget import BudgetSpec
 from mlxcel.server.runtime.timings import Timings
@@ -48,7 +49,9 @@ class GenerationOptions:
     spec_n_max: int | None = None  # speculative.n_max (0: this request does not speculate)
     spec_n_min: int | None = None  # speculative.n_min
     spec_stochastic: bool | None = None  # speculative.stochastic_accept (mlxcel): overrides the environment switch
+    draft_flags: bool = False  # mlxcel_draft_flags (mlxcel): stream chunks say which tokens were accepted drafts
     speculative_types: str = "none"  # echoed as generation_settings["speculative.types"]
+    grammar: Grammar | None = None  # the output's constraint (grammar / json_schema / response_format / -j)
     reasoning_budget: BudgetSpec | None = None  # thinking tokens before the end tag is forced
     reasoning_format: str = "none"  # echoed in generation_settings
     # echoed in generation_settings, not otherwise used
@@ -80,6 +83,7 @@ class Partial:
     probs: list[TokenProb]
     n_predicted: int
     timings: Timings | None = None
+    drafted: list[bool] = field(default_factory=list)  # per token: an accepted draft (mlxcel_draft_flags)
 
 
 @dataclass
@@ -106,6 +110,20 @@ class Final:
 @dataclass
 class Failed:
     error: Exception
+
+
+class Deferred(Exception):
+    """Raised by a :class:`Job` that cannot run yet (its slot is busy): it is tried again after the
+    next engine step."""
+
+
+@dataclass
+class Job:
+    """Work that must run on the engine thread between steps (slot files, embeddings): ``run()``'s
+    value or exception is handed to ``done(value, error)``."""
+
+    run: Callable[[], Any]
+    done: Callable[[Any, BaseException | None], None]
 
 
 @dataclass

@@ -33,8 +33,9 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(out: Path, vocab_size: int = 384) -> int:
-    """Train a byte-level BPE tokenizer; returns its vocabulary size."""
+def build_tokenizer(out: Path, vocab_size: int = 384, extra_special: tuple[str, ...] = ()) -> int:
+    """Train a byte-level BPE tokenizer; returns its vocabulary size. ``extra_special``: more
+    special tokens after the ChatML ones (e.g. a code model's fill-in-the-middle tokens)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
@@ -43,7 +44,7 @@ def build_tokenizer(out: Path, vocab_size: int = 384) -> int:
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
+        special_tokens=SPECIAL_TOKENS + list(extra_special),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -116,11 +117,12 @@ def random_params(config: dict, seed: int, head_scale: float = 1.0) -> dict[str,
 
 
 def build_hf_checkpoint(out: Path, arch: str = "llama", *, seed: int = 0, layers: int = 2, hidden: int = 64,
-                        logit_scale: float = 1.0) -> Path:
+                        logit_scale: float = 1.0, extra_special: tuple[str, ...] = ()) -> Path:
     """Write a tiny random ``arch`` checkpoint to ``out`` and return ``out``.
 
-    ``logit_scale`` multiplies the output head so distributions are more or less peaked."""
-    vocab = build_tokenizer(out)
+    ``logit_scale`` multiplies the output head so distributions are more or less peaked;
+    ``extra_special`` adds special tokens to the vocabulary (``build_tokenizer``)."""
+    vocab = build_tokenizer(out, extra_special=extra_special)
     config = tiny_config(arch, vocab, layers=layers, hidden=hidden)
     params = random_params(config, seed, head_scale=logit_scale)
     if config.get("tie_word_embeddings"):
@@ -129,3 +131,16 @@ def build_hf_checkpoint(out: Path, arch: str = "llama", *, seed: int = 0, layers
     (out / "config.json").write_text(json.dumps(config, indent=1))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": config["eos_token_id"]}))
     return out
+
+
+def perturbed_copy(src: Path, dst: Path, scale: float, seed: int) -> Path:
+    """A drafter that mostly agrees with the checkpoint ``src``: its weights plus seeded noise."""
+    import shutil
+
+    shutil.copytree(src, dst, dirs_exist_ok=True)
+    weights = mx.load(str(src / "model.safetensors"))
+    mx.random.seed(seed)
+    noisy = {k: v + scale * mx.random.normal(v.shape) * mx.abs(v).mean() if ".layers." in k else v
+             for k, v in weights.items()}
+    mx.save_safetensors(str(dst / "model.safetensors"), noisy, metadata={"format": "pt"})
+    return dst

@@ -159,11 +159,13 @@ def write_gguf(
     architecture: str | None = None,
     extra_tensors: dict[str, tuple[np.ndarray, Q]] | None = None,
     effective_dir: Path | None = None,
+    extra_metadata: dict[str, int | str] | None = None,
 ) -> Path:
     """Convert the checkpoint in ``hf_dir`` to a GGUF at ``out`` (returned). With
     ``effective_dir``, also write the checkpoint the GGUF decodes to there.
     ``architecture`` overrides general.architecture (to test refusals); ``extra_tensors``
-    adds raw tensors as they are (name -> (bytes or floats, type))."""
+    adds raw tensors as they are (name -> (bytes or floats, type)); ``extra_metadata`` adds keys
+    (an int as uint32, a string as a string)."""
     config = json.loads((hf_dir / "config.json").read_text())
     tok_json = json.loads((hf_dir / "tokenizer.json").read_text())
     tok_config = json.loads((hf_dir / "tokenizer_config.json").read_text())
@@ -209,6 +211,11 @@ def write_gguf(
     writer.add_pad_token_id(vocab[tok_config["pad_token"]])
     writer.add_add_bos_token(False)
     writer.add_chat_template(tok_config["chat_template"])
+    for key, value in (extra_metadata or {}).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        else:
+            writer.add_uint32(key, value)
 
     effective: dict[str, np.ndarray] = {}
     for hf, w in params.items():

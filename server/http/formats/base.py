@@ -6,16 +6,27 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from mlxcel.server.http.plan import CompletionPlan
+from mlxcel.server.http.sse import event
 from mlxcel.server.http.state import ServerState
+from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.task import Partial, Progress, Result
 
 
 class CompletionStream(ABC):
     """One streamed response: turns the tasks' events into chunk bodies, in order. Each method
     returns the chunks to send (possibly none); ``done_marker`` ends the stream with
-    ``data: [DONE]`` (the OpenAI routes)."""
+    ``data: [DONE]`` (the OpenAI routes). ``frame`` writes one chunk as SSE (``data:`` only, unless
+    the API names its events), ``ping`` is what a silence of ``sse_ping_interval`` sends, and
+    ``failed`` the chunks that end a stream whose request failed."""
 
     done_marker: bool = False
+    ping: bytes = b": ping\n\n"  # an SSE comment: clients skip it, proxies see traffic
+
+    def frame(self, chunk: dict) -> bytes:
+        return event(chunk)
+
+    def failed(self, error: ApiError) -> list[dict]:
+        return [error.body()]
 
     def opening(self) -> list[dict]:
         """Chunks before any event."""

@@ -7,6 +7,7 @@ from typing import Any
 from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
 from mlxcel.server.http.formats.probs import probs_json
 from mlxcel.server.http.formats.settings import generation_settings
+from mlxcel.server.http.infill import infill_plan
 from mlxcel.server.http.plan import CompletionPlan, native_plan
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.http.token_text import TokenText
@@ -27,6 +28,8 @@ def native_partial(partial: Partial, index: int, n_prompt: int, opts: Generation
         body["completion_probabilities"] = probs_json(partial.probs, text, opts.post_sampling_probs)
     if partial.timings is not None:
         body["timings"] = partial.timings.to_json()
+    if opts.draft_flags:
+        body["mlxcel_draft_flags"] = list(partial.drafted)
     return body
 
 
@@ -107,6 +110,13 @@ class NativeFormat(ResponseFormat):
 
     def stream(self, state: ServerState, plan: CompletionPlan, indices: list[int]) -> CompletionStream:
         return NativeStream(state, plan)
+
+
+class InfillFormat(NativeFormat):
+    """``/infill``: a ``/completion`` whose prompt is the fill-in-the-middle layout (``infill``)."""
+
+    def plan(self, state: ServerState, body: dict, t_arrival: float) -> CompletionPlan:
+        return infill_plan(state, body, t_arrival)
 
 
 class NativeStream(CompletionStream):

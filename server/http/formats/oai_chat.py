@@ -172,7 +172,12 @@ class ChatStream(CompletionStream):
         if partial.text:
             lp = ({"content": probs_json(partial.probs, self.state.token_text, False, self.plan.top_n)}
                   if self.plan.logprobs else None)
-            chunks += self._deltas(index, self.outputs[index].feed(partial.text), lp, partial.timings)
+            settled = self._deltas(index, self.outputs[index].feed(partial.text), lp, partial.timings)
+            if settled and self.plan.options.draft_flags:
+                # this piece's tokens ride the chunk that carries text (held-back markup aside, its text)
+                carrier = next((c for c in reversed(settled) if "content" in c["choices"][0]["delta"]), settled[-1])
+                carrier["mlxcel_draft_flags"] = list(partial.drafted)
+            chunks += settled
         return chunks
 
     def final(self, index: int, result: Result) -> list[dict]:

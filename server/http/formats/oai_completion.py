@@ -90,8 +90,11 @@ class OaiCompletionStream(CompletionStream):
 
     def partial(self, index: int, partial: Partial) -> list[dict]:
         lp = {"content": probs_json(partial.probs, self.state.token_text, False)} if self.plan.logprobs else None
-        return [oai_completion_chunk(index=index, content=partial.text, finish=None, model=self.state.model_name,
-                                     id=self.id, logprobs=lp)]
+        chunk = oai_completion_chunk(index=index, content=partial.text, finish=None, model=self.state.model_name,
+                                     id=self.id, logprobs=lp)
+        if self.plan.options.draft_flags:
+            chunk["mlxcel_draft_flags"] = list(partial.drafted)
+        return [chunk]
 
     def progress(self, index: int, progress: Progress) -> list[dict]:
         chunk = oai_completion_chunk(index=index, content="", finish=None, model=self.state.model_name, id=self.id)

@@ -70,7 +70,7 @@ def generation_settings(opts: GenerationOptions) -> dict:
                        for t, b in opts.echo.get("logit_bias", {}).items()],
         "n_probs": opts.n_probs,
         "min_keep": getattr(p, "min_keep", 0),
-        "grammar": "",
+        "grammar": opts.grammar.source if opts.grammar is not None else "",
         "grammar_lazy": False,
         "grammar_triggers": [],
         "preserved_tokens": [],

@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from mlxcel.server.http.formats.base import ResponseFormat
-from mlxcel.server.http.formats.native import NativeFormat
+from mlxcel.server.http.formats.native import InfillFormat, NativeFormat
 from mlxcel.server.http.formats.oai_chat import ChatFormat
 from mlxcel.server.http.formats.oai_completion import OaiCompletionFormat
 from mlxcel.server.http.pipeline import complete
@@ -19,6 +19,7 @@ COMPLETION_ROUTES: dict[str, ResponseFormat] = {
     "/v1/completions": OaiCompletionFormat(),
     "/v1/chat/completions": ChatFormat(),
     "/chat/completions": ChatFormat(),
+    "/infill": InfillFormat(),
 }
 
 

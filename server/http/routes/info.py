@@ -1,11 +1,11 @@
 """Routes that describe the server: health, ``/props``, ``/models``, ``/slots``, ``/metrics``,
-LoRA adapters (none), the OpenAPI document and the root."""
+LoRA adapters (none) and the OpenAPI document."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import PlainTextResponse
 
 from mlxcel.server.http import model_info
 from mlxcel.server.http.openapi import document
@@ -80,10 +80,6 @@ async def openapi_document() -> JsonResponse:
     return JsonResponse(document())
 
 
-async def root() -> Response:
-    return Response("mlxcel-server: llama-server compatible API (no web UI)\n", media_type="text/plain")
-
-
 def add_routes(router: APIRouter) -> None:
     for path in ("/health", "/v1/health"):
         router.add_api_route(path, health, methods=["GET"])
@@ -96,4 +92,3 @@ def add_routes(router: APIRouter) -> None:
     router.add_api_route("/lora-adapters", lora_adapters, methods=["GET"])
     router.add_api_route("/lora-adapters", set_lora_adapters, methods=["POST"])
     router.add_api_route("/openapi.json", openapi_document, methods=["GET"])
-    router.add_api_route("/", root, methods=["GET"])

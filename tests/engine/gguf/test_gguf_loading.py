@@ -5,6 +5,8 @@ Every tiny GGUF comes with its *effective* checkpoint (what its stored values de
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
@@ -16,8 +18,11 @@ import tiny_gguf
 from gguf import GGMLQuantizationType as Q
 
 from mlxcel.engine.gguf.file import read_gguf
-from mlxcel.engine.gguf.tensors import affine_triplet, dequantize_numpy, llama_qk_rows
+from mlxcel.engine.gguf.names import gguf_name
+from mlxcel.engine.gguf.tensors import PACKED_TYPES, affine_triplet, dequantize_numpy, llama_qk_rows
 from mlxcel.engine.model.loading import default_model_path, load_model
+from mlxcel.engine.platform import qmatmul
+from mlxcel.engine.platform.packed_modules import PackedEmbedding, PackedLinear
 
 PROMPT = "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b"
 MIXED = tiny_gguf.mixed({
@@ -43,14 +48,62 @@ def _logits(loaded, text: str = PROMPT) -> mx.array:
     return loaded.model(mx.array([ids]))[0].astype(mx.float32)
 
 
+@contextmanager
+def _weights(mode: str):
+    """Load with ``MLXCEL_WEIGHTS=mode`` (``float32``: the exactly dequantized path)."""
+    before = os.environ.get("MLXCEL_WEIGHTS")
+    os.environ["MLXCEL_WEIGHTS"] = mode
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLXCEL_WEIGHTS")
+        else:
+            os.environ["MLXCEL_WEIGHTS"] = before
+
+
 def _assert_same_model(gguf_path: Path, hf_dir: Path, atol: float = 1e-4) -> None:
-    ours, ref = load_model(gguf_path), load_model(hf_dir)
+    with _weights("float32"):
+        ours = load_model(gguf_path)
+    ref = load_model(hf_dir)
     assert ours.source == "gguf" and ref.source == "mlx"
     a, b = _logits(ours), _logits(ref)
     assert a.shape == b.shape
     diff = mx.abs(a - b).max().item()
     assert diff <= atol, f"max |logit difference| {diff}"
     assert mx.array_equal(a.argmax(-1), b.argmax(-1)), "greedy tokens differ"
+    if qmatmul.available():
+        _assert_packed_matches(gguf_path, ours)
+
+
+def _assert_packed_matches(gguf_path: Path, floats) -> None:
+    """The CPU kernels' load of the same file (the default on a CPU): every packed matrix
+    dequantizes to the float path's weights bitwise (types the kernels run as stored) or within
+    Q8_0's rounding (re-packed types), and the logits follow within the 8-bit activations' error."""
+    packed = load_model(gguf_path)
+    file = read_gguf(gguf_path)
+    blocks = int(file.metadata[f"{file.architecture}.block_count"])
+    modules = dict(packed.model.named_modules())
+    reference = dict(floats.model.named_modules())
+    seen = 0
+    for path, module in modules.items():
+        if not isinstance(module, (PackedLinear, PackedEmbedding)):
+            continue
+        seen += 1
+        got = qmatmul.dequantize(module.weight_spec)
+        want = reference[path].weight
+        stored = file.tensors[gguf_name(file.architecture, blocks, f"{path}.weight")].qtype
+        if stored in PACKED_TYPES:
+            assert mx.array_equal(got, want), path
+        else:  # re-packed to Q8_0: half a step of 8-bit rounding per block of 32, plus the f16 step size
+            step = mx.abs(want.reshape(want.shape[0], -1, 32)).max(-1, keepdims=True) / 127
+            err = mx.abs(got - want).reshape(step.shape[0], -1, 32)
+            assert bool(mx.all(err <= step * (0.5 + 127 * 2.0**-11) + 1e-7).item()), path
+    if not seen:
+        return
+    a, b = _logits(packed), _logits(floats)
+    scale = float(mx.abs(b).max().item())
+    assert mx.abs(a - b).max().item() <= 0.05 * scale, "packed logits drift from the float path"
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

@@ -12,12 +12,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import mlx.core as mx
 import numpy as np
 import pytest
 from target_only import speculative_tokens, target_only_tokens
+from tiny_checkpoints import perturbed_copy
 
 from mlxcel.drafters.draft_model import DraftModelDrafter
 from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
@@ -31,19 +30,6 @@ from mlxcel.engine.speculative.verify import verify_round
 
 BANNED = 7  # a token the target is never allowed to emit (logit_bias -inf)
 PROMPT_TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
-
-
-def perturbed_copy(src: Path, dst: Path, scale: float, seed: int) -> Path:
-    """A drafter that mostly agrees with ``src``: its weights plus seeded noise."""
-    import shutil
-
-    shutil.copytree(src, dst, dirs_exist_ok=True)
-    weights = mx.load(str(src / "model.safetensors"))
-    mx.random.seed(seed)
-    noisy = {k: v + scale * mx.random.normal(v.shape) * mx.abs(v).mean() if ".layers." in k else v
-             for k, v in weights.items()}
-    mx.save_safetensors(str(dst / "model.safetensors"), noisy, metadata={"format": "pt"})
-    return dst
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ import json
 import re
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import httpx
 import pytest
@@ -17,6 +19,13 @@ from mlxcel.server.cli.args import ArgumentError, parse_args
 from mlxcel.server.cli.flag_table import FLAGS
 
 RECORD = compat_record.record_dir(REPO)
+_FILES = Path(tempfile.mkdtemp(prefix="mlxcel-flags-"))
+(_FILES / "g.gbnf").write_text('root ::= "x"')
+(_FILES / "s.json").write_text('{"type": "object"}')
+# flags whose value must be well formed to parse (a grammar is compiled by the command line)
+VALUES = {"reasoning": "on", "chat_template_kwargs": "{}", "reasoning_format": "deepseek", "grammar": 'root ::= "x"',
+          "json_schema": '{"type": "object"}', "grammar_file": str(_FILES / "g.gbnf"),
+          "json_schema_file": str(_FILES / "s.json"), "pooling": "mean", "slot_save_path": ".", "static_path": "."}
 
 
 def upstream_flag_names() -> set[str]:
@@ -58,7 +67,7 @@ def _sample(flag) -> list[str]:
     value = {"int": "4", "float": "0.5"}.get(flag.type, "x")
     if flag.dest == "chat_template":
         value = "chatml"
-    value = {"reasoning": "on", "chat_template_kwargs": "{}", "reasoning_format": "deepseek"}.get(flag.dest, value)
+    value = VALUES.get(flag.dest, value)
     return [value] * flag.nargs
 
 

@@ -61,6 +61,23 @@ def test_seed_reproduces_and_chat_template_matters(tiny_llama_dir, tmp_path):
     assert n_raw < n_chat  # no ChatML wrapping around the raw prompt
 
 
+def test_generate_follows_a_grammar_or_a_schema_on_every_path(tiny_llama_dir, tmp_path):
+    """--grammar and -jf constrain plain and speculative runs alike (the engine's tests cover every path);
+    the run ends where the grammar does."""
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                  "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}))
+    runs = [("--grammar", 'root ::= ("yes" | "no") " " [a-z]{2,4} "."', r"(yes|no) [a-z]{2,4}\."),
+            ("-jf", str(schema), r'\{"ok":(true|false)\}')]
+    for (flag, value, pattern), extra in zip(runs, ([], ["-md", str(tiny_llama_dir)])):
+        proc = mlxcel("generate", "-m", str(tiny_llama_dir), "-p", "hi", "-n", "40", "--seed", "3", flag, value, *extra)
+        assert proc.returncode == 0, proc.stderr
+        m = SUMMARY.search(proc.stdout)
+        assert re.fullmatch(pattern, proc.stdout[: m.start()].strip()), (extra, proc.stdout)
+        assert int(m.group(2)) < 40  # the grammar ended the run
+    assert "[Speculative acceptance] rule=sampler-match" in proc.stdout
+
+
 def test_log_env_installs_a_stderr_handler(tiny_llama_dir):
     proc = mlxcel("generate", "-m", str(tiny_llama_dir), "-p", "hi", "-n", "2", env={"MLXCEL_LOG": "info"})
     assert proc.returncode == 0, proc.stderr
@@ -132,6 +149,8 @@ def test_unknown_quant_type_is_one_clear_error(tmp_path):
         (["-p", "hi", "--top-p", "3"], "--top-p"),
         (["-p", "hi", "--temp", "warm"], "--temp"),
         (["-p", "hi", "--bogus"], "--bogus"),
+        (["-p", "hi", "-j", '{"type": "hiccup"}'], "hiccup"),
+        (["-p", "hi", "-jf", "/nonexistent/schema.json"], "--json-schema-file"),
     ],
 )
 def test_bad_arguments_are_one_clear_error(args, needle, tiny_llama_dir):

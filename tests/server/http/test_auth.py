@@ -17,7 +17,7 @@ from mlxcel.server.http.cors import Cors
 from mlxcel.server.runtime.config import ServerConfig
 
 UPSTREAM_401 = b'{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}'
-PUBLIC = {"/health", "/v1/health", "/models", "/v1/models", "/"}
+PUBLIC = {"/health", "/v1/health", "/models", "/v1/models", "/", "/index.html"}  # the page: UI assets are public upstream
 
 
 @pytest.fixture(scope="module")

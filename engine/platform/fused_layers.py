@@ -1,0 +1,104 @@
+"""A decoder layer's small ops as single CPU primitives, for models running on the CPU kernels.
+
+After the matmuls moved to the quantized kernels (``qmatmul.py``), what remained of a SmolLM2
+decode step was MLX's fixed per-primitive cost: ~2,600 primitives per step, ~87 per layer, most
+of them the pieces MLX's CPU backend builds RMS norm (square, sum, rsqrt, multiplies), rotary
+embedding (its fallback graph: arange, cos, sin, slices, products, a concatenation) and attention
+(matmuls, softmax, transposes) from. The extension computes each as one primitive
+(``qmatmul_src/fused.cpp``); this module swaps them in:
+
+* ``nn.RMSNorm`` -> :class:`FusedRMSNorm`;
+* plain ``nn.RoPE`` -> :class:`FusedRoPE` for integer offsets (a batch cache's per-row offsets
+  keep MLX's rope);
+* the model module's ``scaled_dot_product_attention`` -> one that takes the fused attention for
+  no mask or a causal one (a mask array, attention sinks or a quantized cache keep mlx-lm's);
+  mlx-lm's model code calls it by module-level name, so this one is patched per architecture
+  (``restore_attention`` undoes it).
+
+Each computes a row (token) with the same code whatever the number of rows, as the matmul
+kernel does, so a block forward gives the same bits as one-token forwards and the exactness
+probe can allow block verification. CPU only, and only for models whose weights are packed
+(``device.prepare_for_decode``); ``MLXCEL_FUSED_OPS=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxcel.engine.platform import qmatmul
+
+
+class FusedRMSNorm(nn.Module):
+    def __init__(self, norm: nn.RMSNorm):
+        super().__init__()
+        self.weight = norm.weight
+        self.eps = float(norm.eps)
+
+    def _extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}, fused"
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return qmatmul.extension().rms_norm(x, self.weight, self.eps)
+
+
+class FusedRoPE(nn.Module):
+    def __init__(self, rope: nn.RoPE):
+        super().__init__()
+        self.dims, self.traditional, self.base, self.scale = rope.dims, rope.traditional, rope.base, rope.scale
+
+    def _extra_repr(self) -> str:
+        return f"{self.dims}, traditional={self.traditional}, fused"
+
+    def __call__(self, x: mx.array, offset=0) -> mx.array:
+        if isinstance(offset, int) and x.ndim == 4:
+            return qmatmul.extension().rope(x, self.dims, self.traditional, float(self.base), float(self.scale), offset)
+        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=self.base, scale=self.scale,
+                            offset=offset)
+
+
+_originals: dict[str, object] = {}
+
+
+def _fused_sdpa(original):
+    def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+        if sinks is None and not hasattr(cache, "bits") and (mask is None or isinstance(mask, str) and
+                                                              mask == "causal") and queries.ndim == 4:
+            return qmatmul.extension().attention(queries, keys, values, float(scale), mask == "causal")
+        return original(queries, keys, values, cache, scale, mask, sinks)
+
+    sdpa.mlxcel_fused = True
+    return sdpa
+
+
+def fuse_layers(model: nn.Module) -> dict[str, int]:
+    """Swap the norms, ropes and attention of ``model`` (an mlx-lm model); counts of each."""
+    counts = {"rms_norm": 0, "rope": 0, "attention": 0}
+    for _, module in model.named_modules():
+        for name, child in list(module.children().items()):
+            if type(child) is nn.RMSNorm:
+                setattr(module, name, FusedRMSNorm(child))
+                counts["rms_norm"] += 1
+            elif type(child) is nn.RoPE:
+                setattr(module, name, FusedRoPE(child))
+                counts["rope"] += 1
+    # mlx-lm's model modules import scaled_dot_product_attention by name from models.base.
+    for cls in {type(m) for _, m in model.named_modules()}:
+        mod = sys.modules.get(cls.__module__)
+        fn = getattr(mod, "scaled_dot_product_attention", None)
+        if fn is not None and not getattr(fn, "mlxcel_fused", False) and mod.__name__.startswith("mlx_lm.models."):
+            _originals[mod.__name__] = fn
+            mod.scaled_dot_product_attention = _fused_sdpa(fn)
+            counts["attention"] += 1
+    return counts
+
+
+def restore_attention() -> None:
+    """Put mlx-lm's attention back in every model module patched so far. The patch is per model
+    module (architecture), not per model: a float model of the same architecture in the same
+    process also gets the fused attention (same results within float rounding)."""
+    for name, fn in _originals.items():
+        sys.modules[name].scaled_dot_product_attention = fn
+    _originals.clear()

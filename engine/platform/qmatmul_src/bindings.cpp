@@ -1,0 +1,87 @@
+// Python bindings (nanobind, in MLX's domain so mlx.core.array passes through unchanged).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "mlx/mlx.h"
+#include "mlx/version.h"
+#include "fused.h"
+#include "ops.h"
+#include "repack.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+namespace mx = mlx::core;
+
+namespace {
+
+mx::array host_contiguous(const mx::array& a) {
+  auto c = mx::contiguous(a, false, mx::Device::cpu);
+  mx::eval(c);
+  return c;
+}
+
+mx::array owned_bytes(size_t nbytes) {
+  void* p = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
+  if (!p) throw std::bad_alloc();
+  return mx::array(p, {int(nbytes)}, mx::uint8, [](void* q) { std::free(q); });
+}
+
+mx::array repack_gguf(const mx::array& raw, int type, int n, int k) {
+  if (raw.dtype() != mx::uint8 || raw.nbytes() != mlxcel_q::gguf_row_bytes(type, k) * size_t(n))
+    throw std::invalid_argument("raw GGUF bytes do not match the type and shape");
+  auto r = host_contiguous(raw);
+  mlxcel_q::Layout l = mlxcel_q::layout_of(type, 0);
+  size_t nbytes = mlxcel_q::packed_bytes(l, n, k);
+  void* p = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
+  if (!p) throw std::bad_alloc();
+  mlxcel_q::repack_gguf(type, r.data<uint8_t>(), n, k, static_cast<uint8_t*>(p));
+  return mx::array(p, {int(nbytes)}, mx::uint8, [](void* q) { std::free(q); });
+}
+
+mx::array repack_affine(const mx::array& w, const mx::array& scales, const mx::array& biases, int bits, int group,
+                        int n, int k) {
+  if (bits != 4 && bits != 8) throw std::invalid_argument("affine bits must be 4 or 8");
+  if (w.dtype() != mx::uint32 || w.size() != size_t(n) * k * bits / 32)
+    throw std::invalid_argument("affine weight does not match the shape");
+  if (k % group || scales.size() != size_t(n) * (k / group) || biases.size() != scales.size())
+    throw std::invalid_argument("affine scales/biases do not match the shape");
+  auto wc = host_contiguous(w);
+  auto sc = host_contiguous(mx::astype(scales, mx::float32, mx::Device::cpu));
+  auto bc = host_contiguous(mx::astype(biases, mx::float32, mx::Device::cpu));
+  mlxcel_q::Layout l = mlxcel_q::layout_of(bits == 4 ? mlxcel_q::AFFINE4 : mlxcel_q::AFFINE8, group);
+  size_t nbytes = mlxcel_q::packed_bytes(l, n, k);
+  void* p = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
+  if (!p) throw std::bad_alloc();
+  mlxcel_q::repack_affine(bits, group, wc.data<uint32_t>(), sc.data<float>(), bc.data<float>(), n, k,
+                          static_cast<uint8_t*>(p));
+  return mx::array(p, {int(nbytes)}, mx::uint8, [](void* q) { std::free(q); });
+}
+
+}  // namespace
+
+NB_MODULE(_qmatmul, m) {
+  m.doc() = "mlxcel's CPU kernels for quantized weights (see engine/platform/qmatmul_src/layout.h)";
+  m.def("qmatmul", &mlxcel_q::qmatmul, "x"_a, "packed"_a, "type"_a, "group"_a, "n"_a, "k"_a,
+        "x[..., k] @ W[n, k].T for a packed W: [..., n]");
+  m.def("dequant_rows", &mlxcel_q::dequant_rows, "ids"_a, "packed"_a, "type"_a, "group"_a, "n"_a, "k"_a,
+        "rows ids of a packed W, dequantized to float32");
+  m.def("repack_gguf", &repack_gguf, "raw"_a, "type"_a, "n"_a, "k"_a, "GGUF blocks [n, row_bytes] -> packed");
+  m.def("repack_affine", &repack_affine, "w"_a, "scales"_a, "biases"_a, "bits"_a, "group"_a, "n"_a, "k"_a,
+        "MLX affine (uint32 weight, scales, biases) -> packed");
+  m.def("rms_norm", &mlxcel_q::rms_norm, "x"_a, "weight"_a, "eps"_a);
+  m.def("rope", &mlxcel_q::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a, "offset"_a);
+  m.def("attention", &mlxcel_q::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a);
+  m.def("packed_nbytes", [](int type, int group, int n, int k) {
+    return mlxcel_q::packed_bytes(mlxcel_q::layout_of(type, group), n, k);
+  });
+  m.def("set_num_threads", &mlxcel_q::set_num_threads, "n"_a);
+  m.def("num_threads", &mlxcel_q::num_threads);
+  m.def("isa", &mlxcel_q::isa);
+  m.def("set_isa", &mlxcel_q::set_isa, "name"_a);
+  m.def("available_isas", &mlxcel_q::available_isas);
+  m.attr("MLX_VERSION") = std::to_string(MLX_VERSION_MAJOR) + "." + std::to_string(MLX_VERSION_MINOR) + "." +
+                          std::to_string(MLX_VERSION_PATCH);
+}

@@ -1,0 +1,219 @@
+#include "fused.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "mlx/backend/common/utils.h"
+#include "mlx/backend/cpu/encoder.h"
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MLXCEL_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define MLXCEL_CLONES
+#endif
+
+namespace mlxcel_q {
+namespace {
+
+// 16 independent partial sums: vectorizable without reassociating any lane's order.
+MLXCEL_CLONES float dot(const float* a, const float* b, int n) {
+  float acc[16] = {0};
+  int i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
+  float s = 0.f;
+  for (int j = 0; j < 16; ++j) s += acc[j];
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+MLXCEL_CLONES void axpy(float* y, const float* x, float a, int n) {
+  for (int i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+struct View4 {  // a strided [b, h, l, d] float array
+  const float* p;
+  int64_t s0, s1, s2, s3;
+  const float* row(int b, int h, int l) const { return p + b * s0 + h * s1 + l * s2; }
+};
+
+View4 view4(const mx::array& a) {
+  auto st = a.strides();
+  return {a.data<float>(), st[0], st[1], st[2], st[3]};
+}
+
+class RMSNormP : public mx::UnaryPrimitive {
+ public:
+  RMSNormP(mx::Stream s, float eps) : mx::UnaryPrimitive(s), eps_(eps) {}
+  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
+    const auto& x = in[0];
+    const auto& w = in[1];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_input_array(w);
+    enc.set_output_array(out);
+    const int d = x.shape(-1);
+    const int rows = int(x.size() / d);
+    const bool strided = !x.flags().row_contiguous;
+    enc.dispatch([xp = x.data<float>(), wp = w.data<float>(), op = out.data<float>(), d, rows, eps = eps_, strided,
+                  shape = x.shape(), strides = x.strides()]() {
+      std::vector<float> row(strided ? d : 0);
+      for (int r = 0; r < rows; ++r) {
+        const float* xr = xp + size_t(r) * d;
+        if (strided) {
+          for (int i = 0; i < d; ++i) row[i] = xp[mx::elem_to_loc(r * d + i, shape, strides)];
+          xr = row.data();
+        }
+        float ms = dot(xr, xr, d) / float(d);
+        float inv = 1.f / std::sqrt(ms + eps);
+        float* o = op + size_t(r) * d;
+        for (int i = 0; i < d; ++i) o[i] = (xr[i] * inv) * wp[i];
+      }
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }
+  const char* name() const override { return "MlxcelRMSNorm"; }
+  bool is_equivalent(const mx::Primitive& o) const override { return eps_ == static_cast<const RMSNormP&>(o).eps_; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
+
+ private:
+  float eps_;
+};
+
+class RopeP : public mx::UnaryPrimitive {
+ public:
+  RopeP(mx::Stream s, int dims, bool trad, float base, float scale, int offset)
+      : mx::UnaryPrimitive(s), dims_(dims), trad_(trad), base_(base), scale_(scale), offset_(offset) {}
+  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
+    const auto& x = in[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_output_array(out);
+    View4 v = view4(x);
+    enc.dispatch([v, op = out.data<float>(), B = x.shape(0), H = x.shape(1), L = x.shape(2), D = x.shape(3),
+                  dims = dims_, trad = trad_, base = base_, scale = scale_, offset = offset_]() {
+      const int half = dims / 2;
+      std::vector<float> cs(size_t(L) * half * 2);
+      for (int l = 0; l < L; ++l)
+        for (int i = 0; i < half; ++i) {
+          float inv = std::pow(base, -float(2 * i) / float(dims));
+          float theta = float(offset + l) * scale * inv;
+          cs[(size_t(l) * half + i) * 2] = std::cos(theta);
+          cs[(size_t(l) * half + i) * 2 + 1] = std::sin(theta);
+        }
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < H; ++h)
+          for (int l = 0; l < L; ++l) {
+            const float* xr = v.row(b, h, l);
+            float* o = op + ((size_t(b) * H + h) * L + l) * D;
+            const float* c = cs.data() + size_t(l) * half * 2;
+            for (int i = 0; i < half; ++i) {
+              int i1 = trad ? 2 * i : i, i2 = trad ? 2 * i + 1 : i + half;
+              float x1 = xr[i1 * v.s3], x2 = xr[i2 * v.s3];
+              o[i1] = x1 * c[2 * i] - x2 * c[2 * i + 1];
+              o[i2] = x1 * c[2 * i + 1] + x2 * c[2 * i];
+            }
+            for (int i = dims; i < D; ++i) o[i] = xr[i * v.s3];
+          }
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }
+  const char* name() const override { return "MlxcelRope"; }
+  bool is_equivalent(const mx::Primitive& o) const override {
+    const auto& r = static_cast<const RopeP&>(o);
+    return dims_ == r.dims_ && trad_ == r.trad_ && base_ == r.base_ && scale_ == r.scale_ && offset_ == r.offset_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
+
+ private:
+  int dims_;
+  bool trad_;
+  float base_, scale_;
+  int offset_;
+};
+
+class AttentionP : public mx::UnaryPrimitive {
+ public:
+  AttentionP(mx::Stream s, float scale, bool causal) : mx::UnaryPrimitive(s), scale_(scale), causal_(causal) {}
+  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& a : in) enc.set_input_array(a);
+    enc.set_output_array(out);
+    const auto& q = in[0];
+    const auto& k = in[1];
+    enc.dispatch([qv = view4(q), kv = view4(k), vv = view4(in[2]), op = out.data<float>(), B = q.shape(0),
+                  Hq = q.shape(1), L = q.shape(2), D = q.shape(3), Hk = k.shape(1), S = k.shape(2), scale = scale_,
+                  causal = causal_]() {
+      std::vector<float> qs(D), sc(S), acc(D);
+      const int group = Hq / Hk;
+      for (int b = 0; b < B; ++b)
+        for (int h = 0; h < Hq; ++h)
+          for (int l = 0; l < L; ++l) {
+            const float* qr = qv.row(b, h, l);
+            for (int i = 0; i < D; ++i) qs[i] = qr[i * qv.s3] * scale;
+            const int n = causal ? std::min(S, S - L + l + 1) : S;
+            float mx_ = -INFINITY;
+            for (int j = 0; j < n; ++j) {
+              sc[j] = dot(qs.data(), kv.row(b, h / group, j), D);
+              mx_ = std::max(mx_, sc[j]);
+            }
+            float sum = 0.f;
+            for (int j = 0; j < n; ++j) {
+              sc[j] = std::exp(sc[j] - mx_);
+              sum += sc[j];
+            }
+            std::fill(acc.begin(), acc.end(), 0.f);
+            for (int j = 0; j < n; ++j) axpy(acc.data(), vv.row(b, h / group, j), sc[j], D);
+            float* o = op + ((size_t(b) * Hq + h) * L + l) * D;
+            const float inv = 1.f / sum;
+            for (int i = 0; i < D; ++i) o[i] = acc[i] * inv;
+          }
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }
+  const char* name() const override { return "MlxcelAttention"; }
+  bool is_equivalent(const mx::Primitive& o) const override {
+    const auto& r = static_cast<const AttentionP&>(o);
+    return scale_ == r.scale_ && causal_ == r.causal_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
+
+ private:
+  float scale_;
+  bool causal_;
+};
+
+mx::Stream cpu() { return mx::default_stream(mx::Device::cpu); }
+
+mx::array f32(const mx::array& a) { return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, cpu()); }
+
+}  // namespace
+
+mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
+  if (w.ndim() != 1 || x.shape(-1) != w.shape(0)) throw std::invalid_argument("rms_norm: weight must be [d]");
+  auto out = mx::array(x.shape(), mx::float32, std::make_shared<RMSNormP>(cpu(), eps), {f32(x), f32(w)});
+  return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), cpu());
+}
+
+mx::array rope(const mx::array& x, int dims, bool traditional, float base, float scale, int offset) {
+  if (x.ndim() != 4 || dims > x.shape(3) || dims % 2) throw std::invalid_argument("rope: x must be [b, h, l, d]");
+  auto out = mx::array(x.shape(), mx::float32,
+                       std::make_shared<RopeP>(cpu(), dims, traditional, base, scale, offset), {f32(x)});
+  return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), cpu());
+}
+
+mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal) {
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || k.shape() != v.shape() || q.shape(3) != k.shape(3) ||
+      q.shape(0) != k.shape(0) || q.shape(1) % k.shape(1))
+    throw std::invalid_argument("attention: q [b, hq, l, d], k/v [b, hkv, s, d]");
+  auto out = mx::array(q.shape(), mx::float32, std::make_shared<AttentionP>(cpu(), scale, causal),
+                       {f32(q), f32(k), f32(v)});
+  return q.dtype() == mx::float32 ? out : mx::astype(out, q.dtype(), cpu());
+}
+
+}  // namespace mlxcel_q

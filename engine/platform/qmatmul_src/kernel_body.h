@@ -1,0 +1,183 @@
+// The matmul kernel, written once over an ISA's vector operations (struct V, defined by the
+// translation unit that includes this file inside its own namespace, compiled with that ISA's
+// flags). V::L lanes hold L output features; a 16-feature tile is processed as 16 / L slices.
+//
+// For each tile, rows are taken in chunks of up to V::MAXR with their accumulators in registers;
+// each 32-value block of the tile is decoded once per chunk and applied to every row of it. The
+// tile (16 features x K inputs, a few KB) stays in L1/L2 between chunks, so the weights stream
+// from memory once per call. Per row the sequence of operations does not depend on how many rows
+// the call has, so a row's result is the same bits whatever the width.
+
+template <int T>
+struct Traits {
+  static constexpr bool eight = (T == Q8_0 || T == AFFINE8);
+  static constexpr bool split = (T == Q6_K);
+  static constexpr bool kq = (T == Q4_K || T == Q5_K);
+  static constexpr bool has_min = (T == Q4_1 || T == Q4_K || T == Q5_K || T == AFFINE4 || T == AFFINE8);
+  static constexpr int offset = T == Q4_0 ? 8 : T == Q8_0 ? 128 : T == Q6_K ? 32 : 0;
+  static constexpr int values = (T == Q4_0 || T == Q8_0) ? 32 : T == Q4_1 ? 64 : kq ? KQ_QS : T == Q6_K ? Q6K_QL : AFF_QS;
+};
+
+// Software prefetch distance in bytes (MLXCEL_QPREFETCH overrides; 0 turns it off).
+static inline int prefetch_distance() {
+  static const int bytes = [] {
+    const char* v = std::getenv("MLXCEL_QPREFETCH");
+    return v ? std::atoi(v) : 4096;
+  }();
+  return bytes;
+}
+
+template <int T, int R>
+static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQuant& x, int r0, int slice,
+                      float* out, int ldo) {
+  using Tr = Traits<T>;
+  const int nb = x.blocks();
+  const int K = x.k;
+  const int lane0 = slice * V::L;  // first feature of this slice inside the tile
+  typename V::vf acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = V::zero();
+  for (int un = 0; un < units; ++un) {
+    const uint8_t* unit = tile + size_t(un) * l.unit_bytes;
+    typename V::vf d, dmin;
+    if constexpr (Tr::kq || T == Q6_K) d = V::half(unit + 2 * lane0);
+    if constexpr (Tr::kq) dmin = V::half(unit + 32 + 2 * lane0);
+    const int block_bytes = l.unit_bytes / l.blocks;
+    for (int b = 0; b < l.blocks; ++b) {
+      // K-quant tiles read three streams per unit; with the hardware streamers alone Q6_K read at
+      // 8 GB/s here, with this at 12-17. (For the 32-value block types it only cost: left off.)
+      if (Tr::kq || T == Q6_K) if (slice == 0 && prefetch_distance() > 0) {
+        const uint8_t* pf = unit + prefetch_distance() + b * block_bytes;
+        for (int i = 0; i < block_bytes; i += 64) __builtin_prefetch(pf + i);
+      }
+      const uint8_t* vals = unit + Tr::values + b * (Tr::eight ? 512 : 256) + lane0 * 4;
+      typename V::vi w[8];
+      if constexpr (Tr::eight) {
+        for (int g = 0; g < 8; ++g) w[g] = V::load(vals + g * 64);
+      } else {
+        for (int n = 0; n < 4; ++n) {
+          typename V::vi v = V::load(vals + n * 64);
+          w[2 * n] = V::lo_nibble(v);
+          w[2 * n + 1] = V::hi_nibble(v);
+        }
+      }
+      if constexpr (T == Q5_K) {
+        const uint8_t* qh = unit + Q5K_QH + b * 64;
+        for (int g = 0; g < 8; ++g) {
+          uint64_t mask;
+          std::memcpy(&mask, qh + 8 * g, 8);
+          w[g] = V::add16_where(w[g], mask >> (lane0 * 4));
+        }
+      }
+      if constexpr (T == Q6_K) {
+        const uint8_t* qh = unit + Q6K_QH + b * 128 + lane0 * 4;
+        typename V::vi h0 = V::load(qh), h1 = V::load(qh + 64);
+        w[0] = V::or_high2<0>(w[0], h0); w[1] = V::or_high2<1>(w[1], h0);
+        w[2] = V::or_high2<2>(w[2], h0); w[3] = V::or_high2<3>(w[3], h0);
+        w[4] = V::or_high2<0>(w[4], h1); w[5] = V::or_high2<1>(w[5], h1);
+        w[6] = V::or_high2<2>(w[6], h1); w[7] = V::or_high2<3>(w[7], h1);
+      }
+      // The offset (u - offset) is folded into the min term: M = -offset * scale.
+      typename V::vf S, S2, M, M2;
+      if constexpr (T == Q4_0 || T == Q8_0) {
+        S = V::half(unit + 2 * lane0);
+        M = V::mul(S, V::set1(-float(Tr::offset)));
+      } else if constexpr (T == Q4_1) {
+        S = V::half(unit + 2 * lane0);
+        M = V::half(unit + 32 + 2 * lane0);
+      } else if constexpr (Tr::kq) {
+        S = V::mul(d, V::u8f(unit + KQ_SC + b * 16 + lane0));
+        M = V::neg(V::mul(dmin, V::u8f(unit + KQ_M + b * 16 + lane0)));
+      } else if constexpr (T == Q6_K) {
+        S = V::mul(d, V::i8f(unit + Q6K_SC + (2 * b) * 16 + lane0));
+        S2 = V::mul(d, V::i8f(unit + Q6K_SC + (2 * b + 1) * 16 + lane0));
+        M = V::mul(S, V::set1(-float(Tr::offset)));
+        M2 = V::mul(S2, V::set1(-float(Tr::offset)));
+      } else {
+        S = V::loadf(unit + 4 * lane0);
+        M = V::loadf(unit + 64 + 4 * lane0);
+      }
+      const int kb = un * l.blocks + b;
+      for (int r = 0; r < R; ++r) {
+        const size_t xi = size_t(r0 + r) * nb + kb;
+        const int8_t* xr = x.q + size_t(r0 + r) * K + size_t(kb) * 32;
+        const float* dx = x.d + xi;  // broadcast from memory
+        const float* ds = x.ds + 3 * xi;
+        if constexpr (Tr::split) {
+          typename V::vi lo = V::izero(), hi = V::izero();
+          for (int g = 0; g < 4; ++g) {
+            lo = V::dot(lo, w[g], xr + 4 * g);
+            hi = V::dot(hi, w[g + 4], xr + 4 * g + 16);
+          }
+          acc[r] = V::fma(V::cvt(lo), V::mul(S, V::bcastf(dx)), acc[r]);
+          acc[r] = V::fma(V::cvt(hi), V::mul(S2, V::bcastf(dx)), acc[r]);
+          acc[r] = V::fma(M, V::bcastf(ds), acc[r]);
+          acc[r] = V::fma(M2, V::bcastf(ds + 1), acc[r]);
+        } else {
+          // two independent chains (even and odd groups): half the dependency latency
+          typename V::vi d0 = V::izero(), d1 = V::izero();
+          for (int g = 0; g < 8; g += 2) {
+            if constexpr (Tr::eight) {
+              d0 = V::dot8(d0, w[g], xr + 4 * g);
+              d1 = V::dot8(d1, w[g + 1], xr + 4 * g + 4);
+            } else {
+              d0 = V::dot(d0, w[g], xr + 4 * g);
+              d1 = V::dot(d1, w[g + 1], xr + 4 * g + 4);
+            }
+          }
+          typename V::vi dot = V::add_i(d0, d1);
+          if constexpr (Tr::eight) dot = V::fix8(dot, x.s[2 * xi] + x.s[2 * xi + 1]);
+          acc[r] = V::fma(V::cvt(dot), V::mul(S, V::bcastf(dx)), acc[r]);
+          if constexpr (Tr::has_min || Tr::offset != 0) acc[r] = V::fma(M, V::bcastf(ds + 2), acc[r]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) V::storef(out + size_t(r) * ldo + lane0, acc[r]);
+}
+
+template <int T, int R>
+static void tiles_chunk(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& x, int r0, float* out,
+                        int t0, int t1) {
+  const size_t tb = tile_bytes(l, k);
+  const int units = k / l.group;
+  alignas(64) float buf[V::MAXR * TILE];
+  for (int t = t0; t < t1; ++t) {
+    const uint8_t* tile = packed + size_t(t) * tb;
+    for (int slice = 0; slice < TILE / V::L; ++slice) tile_rows<T, R>(l, tile, units, x, r0, slice, buf, TILE);
+    const int cols = std::min(TILE, n - t * TILE);
+    for (int r = 0; r < R; ++r) std::memcpy(out + size_t(r0 + r) * n + t * TILE, buf + r * TILE, sizeof(float) * cols);
+  }
+}
+
+template <int T>
+static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& x, int m, float* out,
+                        int t0, int t1) {
+  for (int r0 = 0; r0 < m; r0 += V::MAXR) {
+    switch (std::min(V::MAXR, m - r0)) {
+      case 1: tiles_chunk<T, 1>(l, packed, n, k, x, r0, out, t0, t1); break;
+      case 2: tiles_chunk<T, 2>(l, packed, n, k, x, r0, out, t0, t1); break;
+      case 3: tiles_chunk<T, 3>(l, packed, n, k, x, r0, out, t0, t1); break;
+      case 4: tiles_chunk<T, 4>(l, packed, n, k, x, r0, out, t0, t1); break;
+#if MAXR_8
+      case 5: tiles_chunk<T, 5>(l, packed, n, k, x, r0, out, t0, t1); break;
+      case 6: tiles_chunk<T, 6>(l, packed, n, k, x, r0, out, t0, t1); break;
+      case 7: tiles_chunk<T, 7>(l, packed, n, k, x, r0, out, t0, t1); break;
+      case 8: tiles_chunk<T, 8>(l, packed, n, k, x, r0, out, t0, t1); break;
+#endif
+    }
+  }
+}
+
+void matmul(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& x, int m, float* out, int t0,
+            int t1) {
+  switch (l.type) {
+    case Q4_0: matmul_type<Q4_0>(l, packed, n, k, x, m, out, t0, t1); break;
+    case Q4_1: matmul_type<Q4_1>(l, packed, n, k, x, m, out, t0, t1); break;
+    case Q8_0: matmul_type<Q8_0>(l, packed, n, k, x, m, out, t0, t1); break;
+    case Q4_K: matmul_type<Q4_K>(l, packed, n, k, x, m, out, t0, t1); break;
+    case Q5_K: matmul_type<Q5_K>(l, packed, n, k, x, m, out, t0, t1); break;
+    case Q6_K: matmul_type<Q6_K>(l, packed, n, k, x, m, out, t0, t1); break;
+    case AFFINE4: matmul_type<AFFINE4>(l, packed, n, k, x, m, out, t0, t1); break;
+    case AFFINE8: matmul_type<AFFINE8>(l, packed, n, k, x, m, out, t0, t1); break;
+  }
+}

@@ -1,0 +1,341 @@
+// The primitives' CPU evaluation: activations quantized per row, the ISA's kernel run over
+// tiles split among the threads (one contiguous range of output features each), and the
+// row dequantizer for embedding lookups.
+#include "ops.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "mlx/backend/common/utils.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "repack.h"
+#include "layout.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define MLXCEL_PAUSE() _mm_pause()
+#elif defined(__aarch64__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#define MLXCEL_PAUSE() asm volatile("yield")
+#else
+#define MLXCEL_PAUSE()
+#endif
+
+namespace mlxcel_q {
+
+namespace {
+
+// ----------------------------------------------------------------------------- threads
+// Workers spin briefly after a call (the next matmul of a step usually follows within tens of
+// microseconds), then sleep on a condition variable, so an idle server costs nothing.
+class Pool {
+ public:
+  explicit Pool(int threads) : threads_(std::max(1, threads)) {
+    const char* spin = std::getenv("MLXCEL_SPIN_US");
+    spin_us_ = spin ? std::atoi(spin) : 200;
+    for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { loop(i); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+      gen_.fetch_add(1);
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  int threads() const { return threads_; }
+
+  // fn(part, parts) for part = 0 .. threads-1; returns when all are done.
+  void run(const std::function<void(int, int)>& fn) {
+    if (threads_ == 1) {
+      fn(0, 1);
+      return;
+    }
+    job_ = &fn;
+    done_.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      gen_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    fn(0, threads_);
+    // Spin briefly, then yield: on oversubscribed cores a worker may be descheduled, and a caller
+    // spinning through its time slice would only keep it off the core (2 threads on two loaded
+    // cores decoded at a tenth of one thread's speed before).
+    for (int spins = 0; done_.load(std::memory_order_acquire) != threads_ - 1; ++spins) {
+      if (spins < 4096) MLXCEL_PAUSE();
+      else std::this_thread::yield();
+    }
+  }
+
+ private:
+  void loop(int index) {
+    uint64_t seen = 0;  // the generation at construction: a job posted before this thread ran is not missed
+    while (true) {
+      auto start = std::chrono::steady_clock::now();
+      int spins = 0;
+      while (gen_.load(std::memory_order_acquire) == seen) {
+        MLXCEL_PAUSE();
+        if (++spins % 256 == 0) std::this_thread::yield();
+        if (spins % 256 == 0 &&
+            std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us_)) {
+          std::unique_lock<std::mutex> lk(mu_);
+          cv_.wait(lk, [&] { return gen_.load() != seen; });
+          break;
+        }
+      }
+      seen = gen_.load(std::memory_order_acquire);
+      if (stop_) return;
+      (*job_)(index, threads_);
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  int threads_;
+  int spin_us_;
+  std::vector<std::thread> workers_;
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<int> done_{0};
+  const std::function<void(int, int)>* job_ = nullptr;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+};
+
+std::mutex g_config_mu;
+std::unique_ptr<Pool> g_pool;
+int g_threads = 1;
+
+Pool& pool() {
+  std::lock_guard<std::mutex> g(g_config_mu);
+  if (!g_pool || g_pool->threads() != g_threads) {
+    g_pool.reset();
+    g_pool = std::make_unique<Pool>(g_threads);
+  }
+  return *g_pool;
+}
+
+// ----------------------------------------------------------------------------- ISA
+using Kernel = void (*)(const Layout&, const uint8_t*, int, int, const XQuant&, int, float*, int, int);
+
+bool has(const char* name) {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  if (!std::strcmp(name, "avx512_vnni"))
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  if (!std::strcmp(name, "avx2"))
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#endif
+#if defined(__aarch64__)
+  if (!std::strcmp(name, "neon")) return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;  // sdot
+#endif
+  return !std::strcmp(name, "scalar");
+}
+
+Kernel kernel_for(const std::string& name) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (name == "avx512_vnni") return avx512::matmul;
+  if (name == "avx2") return avx2::matmul;
+#endif
+#if defined(__aarch64__)
+  if (name == "neon") return neon::matmul;
+#endif
+  return scalar::matmul;
+}
+
+std::string best_isa() {
+  for (const char* name : {"avx512_vnni", "avx2", "neon"})
+    if (has(name)) return name;
+  return "scalar";
+}
+
+std::string g_isa = best_isa();
+Kernel g_kernel = kernel_for(g_isa);
+
+// ----------------------------------------------------------------------------- activations
+struct Scratch {
+  std::vector<int8_t> q;
+  std::vector<float> d;
+  std::vector<int32_t> s;
+  std::vector<float> ds;
+};
+
+void quantize_rows(const float* x, int m, int k, Scratch& sc) {
+  const int nb = k / 32;
+  sc.q.resize(size_t(m) * k);
+  sc.d.resize(size_t(m) * nb);
+  sc.s.resize(size_t(m) * nb * 2);
+  sc.ds.resize(size_t(m) * nb * 3);
+  for (int r = 0; r < m; ++r)
+    for (int b = 0; b < nb; ++b) {
+      const float* xb = x + size_t(r) * k + b * 32;
+      float amax = 0.f;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+      const float d = amax / 127.f;
+      const float id = d > 0.f ? 127.f / amax : 0.f;
+      int8_t* q = sc.q.data() + size_t(r) * k + b * 32;
+      int32_t lo = 0, hi = 0;
+      for (int j = 0; j < 32; ++j) {
+        int v = int(std::nearbyint(xb[j] * id));
+        v = std::min(127, std::max(-127, v));
+        q[j] = int8_t(v);
+        (j < 16 ? lo : hi) += v;
+      }
+      sc.d[size_t(r) * nb + b] = d;
+      sc.s[2 * (size_t(r) * nb + b)] = lo;
+      sc.s[2 * (size_t(r) * nb + b) + 1] = hi;
+      float* ds = sc.ds.data() + 3 * (size_t(r) * nb + b);
+      ds[0] = d * float(lo);
+      ds[1] = d * float(hi);
+      ds[2] = d * float(lo + hi);
+    }
+}
+
+void check_packed(const mx::array& packed, int type, int group, int n, int k) {
+  Layout l = layout_of(type, group);
+  if (k % l.group) throw std::invalid_argument("k is not a multiple of the packed type's block");
+  if (packed.dtype() != mx::uint8 || packed.nbytes() != packed_bytes(l, n, k))
+    throw std::invalid_argument("packed weight has the wrong size for its type and shape");
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------- configuration
+void set_num_threads(int n) {
+  std::lock_guard<std::mutex> g(g_config_mu);
+  g_threads = std::max(1, n);
+}
+
+int num_threads() { return g_threads; }
+
+std::string isa() { return g_isa; }
+
+std::string available_isas() {
+  std::string out;
+  for (const char* name : {"avx512_vnni", "avx2", "neon", "scalar"})
+    if (has(name)) out += (out.empty() ? "" : ",") + std::string(name);
+  return out;
+}
+
+void set_isa(const std::string& name) {
+  std::string want = name == "auto" ? best_isa() : name;
+  if (!has(want.c_str())) throw std::invalid_argument("ISA not available on this CPU: " + name);
+  g_isa = want;
+  g_kernel = kernel_for(want);
+}
+
+// ----------------------------------------------------------------------------- ops
+mx::array qmatmul(const mx::array& x, const mx::array& packed, int type, int group, int n, int k) {
+  check_packed(packed, type, group, n, k);
+  if (x.ndim() < 1 || x.shape(-1) != k) throw std::invalid_argument("qmatmul: x's last axis must be k");
+  auto s = mx::default_stream(mx::Device::cpu);
+  auto xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, s);  // strided rows are gathered in eval
+  mx::Shape shape = x.shape();
+  shape.back() = n;
+  auto out = mx::array(shape, mx::float32, std::make_shared<QMatmul>(s, type, group, n, k), {xf, packed});
+  return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), s);
+}
+
+mx::array dequant_rows(const mx::array& ids, const mx::array& packed, int type, int group, int n, int k) {
+  check_packed(packed, type, group, n, k);
+  auto s = mx::default_stream(mx::Device::cpu);
+  auto id32 = mx::contiguous(mx::astype(ids, mx::int32, s), false, s);
+  mx::Shape shape = ids.shape();
+  shape.push_back(k);
+  return mx::array(shape, mx::float32, std::make_shared<DequantRows>(s, type, group, n, k), {id32, packed});
+}
+
+void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  enc.set_input_array(w);
+  enc.set_output_array(out);
+  const int m = int(x.size() / k_);
+  const bool strided = !x.flags().row_contiguous;
+  enc.dispatch([xp = x.data<float>(), wp = w.data<uint8_t>(), op = out.data<float>(), m, type = type_,
+                group = group_, n = n_, k = k_, strided, shape = x.shape(), strides = x.strides()]() {
+    static thread_local Scratch sc;
+    static thread_local std::vector<float> gathered;
+    const float* rows = xp;
+    if (strided) {
+      gathered.resize(size_t(m) * k);
+      for (size_t i = 0; i < gathered.size(); ++i) gathered[i] = xp[mx::elem_to_loc(int(i), shape, strides)];
+      rows = gathered.data();
+    }
+    quantize_rows(rows, m, k, sc);
+    const Layout l = layout_of(type, group);
+    const XQuant xq{sc.q.data(), sc.d.data(), sc.s.data(), sc.ds.data(), k};
+    const int tiles = n_tiles(n);
+    Kernel kern = g_kernel;
+    Pool& p = pool();
+    const int parts = std::min(p.threads(), tiles);
+    if (parts <= 1 || m * size_t(n) * k < (1u << 16)) {
+      kern(l, wp, n, k, xq, m, op, 0, tiles);
+      return;
+    }
+    p.run([&](int part, int of) {
+      const int t0 = int(int64_t(tiles) * part / of), t1 = int(int64_t(tiles) * (part + 1) / of);
+      if (t0 < t1) kern(l, wp, n, k, xq, m, op, t0, t1);
+    });
+  });
+}
+
+void QMatmul::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("MlxcelQMatmul runs on the CPU only");
+}
+
+bool QMatmul::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QMatmul&>(other);
+  return type_ == o.type_ && group_ == o.group_ && n_ == o.n_ && k_ == o.k_;
+}
+
+std::vector<mx::Shape> QMatmul::output_shapes(const std::vector<mx::array>& inputs) {
+  mx::Shape shape = inputs[0].shape();
+  shape.back() = n_;
+  return {shape};
+}
+
+void DequantRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  const auto& ids = inputs[0];
+  const auto& w = inputs[1];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(ids);
+  enc.set_input_array(w);
+  enc.set_output_array(out);
+  enc.dispatch([ip = ids.data<int32_t>(), count = int(ids.size()), wp = w.data<uint8_t>(), op = out.data<float>(),
+                type = type_, group = group_, n = n_, k = k_]() {
+    dequantize_rows(layout_of(type, group), wp, n, k, ip, count, op);
+  });
+}
+
+void DequantRows::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("MlxcelDequantRows runs on the CPU only");
+}
+
+bool DequantRows::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const DequantRows&>(other);
+  return type_ == o.type_ && group_ == o.group_ && n_ == o.n_ && k_ == o.k_;
+}
+
+std::vector<mx::Shape> DequantRows::output_shapes(const std::vector<mx::array>& inputs) {
+  mx::Shape shape = inputs[0].shape();
+  shape.push_back(k_);
+  return {shape};
+}
+
+}  // namespace mlxcel_q

@@ -1,0 +1,98 @@
+#!/usr/bin/env python
+"""What a forward over k tokens costs relative to one token (verify rounds and batched decode
+live on this), for the CPU kernels and the float32 path, in one run.
+
+Each arm is a child process (the weight policy is fixed at load): ``packed`` (the default on a CPU
+with the kernels: quantized weights run packed, norms/rope/attention fused) and ``f32``
+(``MLXCEL_WEIGHTS=float32``). In each, one forward over k new tokens (full logits, as a verify
+round scores) on a warm cache of ``--context`` tokens, widths interleaved round by round, median
+of ``--reps``; kernel and OpenBLAS threads ``--threads``.
+
+    ./scripts/with-blas .venv/bin/python scripts/bench_forward_width.py [-m GGUF] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+WIDTHS = (1, 2, 4, 8, 16)
+
+
+def child(args) -> dict:
+    import mlx.core as mx
+
+    from mlxcel.engine.decode.kv_cache import rewind
+    from mlxcel.engine.decode.plain import prefill
+    from mlxcel.engine.model.loading import load_model
+    from mlxcel.engine.platform import qmatmul
+
+    lm = load_model(args.model)
+    qmatmul.set_threads(args.threads)
+    text = "The history of computing is a story of abstraction layered on abstraction. " * 20
+    prompt = list(lm.tokenizer.encode(text))[: args.context + max(WIDTHS)]
+    cache = lm.make_cache()
+    mx.eval(prefill(lm.model, prompt[: args.context], cache))
+    block = prompt[args.context:]
+
+    def once(w: int) -> float:
+        t = time.perf_counter()
+        mx.eval(lm.model(mx.array(block[:w])[None], cache=cache))
+        dt = time.perf_counter() - t
+        rewind(cache, w)
+        return dt
+
+    for w in WIDTHS:
+        once(w)
+    times = {w: [] for w in WIDTHS}
+    for _ in range(args.reps):
+        for w in WIDTHS:
+            times[w].append(once(w))
+    ms = {w: statistics.median(v) * 1e3 for w, v in times.items()}
+    return {"ms": ms, "ratio": {w: ms[w] / ms[1] for w in WIDTHS}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-m", "--model", default=None, help="GGUF (default: the built-in SmolLM2 Q4_1)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--context", type=int, default=64)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--arms", default="packed,f32")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args)))
+        return
+    from mlxcel.engine.platform.device import env_with_fast_blas
+
+    load = os.getloadavg()[0]
+    results = {}
+    for arm in args.arms.split(","):
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXCEL_BLAS_PRELOADED")}
+        env["OPENBLAS_NUM_THREADS"] = str(args.threads)
+        if arm == "f32":
+            env["MLXCEL_WEIGHTS"] = "float32"
+        cmd = [sys.executable, __file__, "--child", "--threads", str(args.threads), "--context", str(args.context),
+               "--reps", str(args.reps)] + (["-m", args.model] if args.model else [])
+        out = subprocess.run(cmd, env=env_with_fast_blas(env), capture_output=True, text=True, check=True)
+        results[arm] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(json.dumps({"model": args.model or "SmolLM2-135M Q4_1", "threads": args.threads, "load_avg_start": load,
+                      "load_avg_end": os.getloadavg()[0], "results": results}))
+    print(f"\n{args.model or 'SmolLM2-135M Q4_1'}, {args.threads} thread(s), context {args.context}, "
+          f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}\n")
+    print("| arm | " + " | ".join(f"k={w} ms (x k=1)" for w in WIDTHS) + " |")
+    print("|---|" + "---:|" * len(WIDTHS))
+    for arm, r in results.items():
+        cells = [f"{r['ms'][str(w)] if str(w) in r['ms'] else r['ms'][w]:.1f} ({r['ratio'][str(w)] if str(w) in r['ratio'] else r['ratio'][w]:.2f}x)"
+                 for w in WIDTHS]
+        print(f"| {arm} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()

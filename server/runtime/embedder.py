@@ -1,0 +1,99 @@
+"""What ``--embeddings`` / ``--reranking`` / ``--pooling`` make of the loaded model, resolved once at
+startup: the pooling, the rank head and the rerank prompt, and the two calls the routes run on
+the engine thread (``Scheduler.call``).
+
+Pooling: ``--reranking`` is rank pooling; otherwise ``--pooling``, else the model's own (a GGUF
+file's ``{arch}.pooling_type``, a sentence-transformers directory's ``1_Pooling/config.json``),
+else ``none``, which is llama.cpp's default for a model that names none. Rank pooling needs a rank
+head (``engine.embedding.rank_head``); a model without one is refused at startup rather than
+scored with a number that means nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlxcel.engine.embedding.pooling import GGUF_POOLING, embed
+from mlxcel.engine.embedding.rank_head import (
+    QWEN3_RERANK_TEMPLATE,
+    RankHead,
+    gguf_rank_head,
+    is_qwen3_reranker,
+    yes_no_head,
+)
+from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.server.runtime.config import ArgumentError, ServerConfig
+
+log = logging.getLogger(__name__)
+
+# sentence-transformers' pooling switches, in the order a config is read
+_ST_MODES = (("pooling_mode_cls_token", "cls"), ("pooling_mode_mean_tokens", "mean"),
+             ("pooling_mode_lasttoken", "last"))
+
+
+def model_pooling(loaded: LoadedModel) -> str:
+    """The pooling the checkpoint itself asks for ("none" when it says nothing)."""
+    value = loaded.metadata.get("pooling_type")
+    if isinstance(value, int) and value in GGUF_POOLING:
+        return GGUF_POOLING[value]
+    st = loaded.path / "1_Pooling" / "config.json" if loaded.path.is_dir() else None
+    if st is not None and st.is_file():
+        try:
+            config = json.loads(st.read_text(encoding="utf-8"))
+        except ValueError:
+            config = {}
+        for key, name in _ST_MODES:
+            if config.get(key):
+                return name
+    return "none"
+
+
+@dataclass
+class Embedder:
+    loaded: LoadedModel
+    pooling: str
+    normalization: int = 2  # --embd-normalize: the default of a request's embd_normalize
+    head: RankHead | None = None
+    rerank_template: str | None = None  # a reranker's own prompt, with {query} and {document}
+    step: int = 512  # tokens per forward (--ubatch-size)
+
+    @property
+    def reranking(self) -> bool:
+        return self.pooling == "rank"
+
+    @classmethod
+    def load(cls, config: ServerConfig, loaded: LoadedModel) -> Embedder | None:
+        if not (config.embeddings or config.reranking):
+            return None
+        pooling = "rank" if config.reranking else (config.pooling or model_pooling(loaded))
+        head, template = None, loaded.metadata.get("rerank_template")
+        if pooling == "rank":
+            head = gguf_rank_head(loaded.metadata.get("classifier_tensors") or {},
+                                  str(loaded.metadata.get("architecture", "")))
+            if head is None and loaded.source == "mlx" and is_qwen3_reranker(loaded.path, loaded.config):
+                head = yes_no_head(loaded.model, loaded.tokenizer)
+                template = template or QWEN3_RERANK_TEMPLATE
+            if head is None:
+                raise ArgumentError(
+                    f"--reranking / --pooling rank needs a model with a rank head, and {loaded.path.name} has none: "
+                    "a GGUF reranker carries cls.* tensors (e.g. bge-reranker, Qwen3-Reranker converted by llama.cpp), "
+                    "a Qwen3-Reranker checkpoint directory its LM head's yes/no rows; without one a score would mean "
+                    "nothing")
+            log.info("reranking with %s", head.source)
+        log.info("embeddings on: pooling %s, normalisation %d", pooling, config.embd_normalize)
+        return cls(loaded, pooling, config.embd_normalize, head, template, max(1, config.ubatch_size))
+
+    # -- engine thread ----------------------------------------------------------------------------
+
+    def embed(self, tokens: list[int], normalization: int) -> np.ndarray:
+        """One input's embedding (``[H]``, or ``[T, H]`` with pooling none)."""
+        return embed(self.loaded.model, tokens, self.pooling, normalization=normalization, head=self.head,
+                     step=self.step)
+
+    def score(self, tokens: list[int]) -> float:
+        """A rerank prompt's relevance score: the head's first output."""
+        return float(embed(self.loaded.model, tokens, "rank", normalization=-1, head=self.head, step=self.step)[0])

@@ -1,0 +1,115 @@
+"""Slot files (``--slot-save-path`` with ``POST /slots/:id?action=save|restore|erase``): a slot's KV
+cache and the tokens it holds written to, and read back from, a file in that directory, with
+upstream's result bodies.
+
+Each action runs on the engine thread (``Scheduler.call``) and waits while its slot is busy, as
+upstream defers it. A restored slot is exactly a slot that had just run those tokens: the next
+request with that prefix reuses it (``cache_n``). File names follow upstream's rules
+(``valid_filename``): no separators, no ``..``, no control or reserved characters, so a name can
+only ever point inside the directory.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from mlxcel.engine.decode.cache_file import CacheFileError, load_cache_file, save_cache_file
+from mlxcel.engine.decode.kv_cache import cache_length
+from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.server.runtime.errors import ApiError, invalid
+from mlxcel.server.runtime.scheduler import Scheduler
+from mlxcel.server.runtime.slots import Slot
+from mlxcel.server.runtime.task import Deferred
+
+# code points a file name may not hold (besides C0/C1 controls, DEL and the path separators)
+_FORBIDDEN = set(':*?"<>|') | {0xFF0E, 0x2215, 0x2216, 0xFFFD, 0xFEFF}
+
+
+def valid_filename(name: object) -> bool:
+    """Upstream's ``fs_validate_filename``: 1-255 bytes of UTF-8, no control characters, no
+    ``/ \\ : * ? " < > |`` (nor their full-width look-alikes), no surrogates, BOM or replacement
+    character, no leading or trailing space, no trailing dot, no ``..`` anywhere, not ``.``."""
+    if not isinstance(name, str) or not name:
+        return False
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    if size > 255:
+        return False
+    for ch in name:
+        c = ord(ch)
+        if c <= 0x1F or c == 0x7F or 0x80 <= c <= 0x9F or 0xD800 <= c <= 0xDFFF or ch in "/\\" \
+                or ch in _FORBIDDEN or c in _FORBIDDEN:
+            return False
+    return not (name[0] == " " or name[-1] in " ." or ".." in name or name == ".")
+
+
+def model_fingerprint(lm: LoadedModel) -> str:
+    """What a slot file must have been saved from to be restored here: the model's shape."""
+    c = lm.config
+    keys = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "head_dim")
+    return json.dumps({k: c.get(k) for k in keys} | {"vocab": lm.vocab_size}, sort_keys=True)
+
+
+def _slot(scheduler: Scheduler, id_slot: int) -> Slot:
+    if not 0 <= id_slot < len(scheduler.slots):
+        raise invalid("Invalid slot ID")
+    slot = scheduler.slots[id_slot]
+    if slot.busy:
+        raise Deferred()
+    return slot
+
+
+def save(scheduler: Scheduler, id_slot: int, filename: str, path: Path) -> dict:
+    """Write slot ``id_slot``'s cache and tokens to ``path`` (engine thread)."""
+    slot = _slot(scheduler, id_slot)
+    t0 = time.perf_counter()
+    tokens = list(slot.tokens) if slot.cache is not None else []
+    if slot.cache is not None and tokens and cache_length(slot.cache) != len(tokens):
+        raise ApiError("Unable to save slot: its cache does not match its tokens", "server_error")
+    try:
+        n_bytes = save_cache_file(path, slot.cache if tokens else None, tokens, model_fingerprint(scheduler.lm))
+    except CacheFileError as exc:
+        raise ApiError(str(exc), "not_supported_error") from None
+    except OSError as exc:
+        raise ApiError(f"Unable to save slot: {exc.strerror or exc}", "server_error") from None
+    return {"id_slot": id_slot, "filename": filename, "n_saved": len(tokens), "n_written": n_bytes,
+            "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
+
+
+def restore(scheduler: Scheduler, id_slot: int, filename: str, path: Path) -> dict:
+    """Load ``path`` into slot ``id_slot`` (engine thread). On any failure the slot is left empty
+    and usable, and the error is upstream's 400 ``Unable to restore slot: ...``."""
+    slot = _slot(scheduler, id_slot)
+    t0 = time.perf_counter()
+    lm = scheduler.lm
+    slot.cache, slot.tokens = None, []
+    try:
+        cache, tokens, n_bytes = load_cache_file(path, model_fingerprint(lm), lm.make_cache())
+        if len(tokens) > slot.n_ctx:
+            raise CacheFileError("Restored prompt does not fit in the slot context")
+        if any(not 0 <= t < lm.vocab_size for t in tokens):
+            raise CacheFileError("Invalid tokens in slot save file")
+        if tokens and cache_length(cache) != len(tokens):
+            raise CacheFileError("the cache in the file does not hold its tokens")
+        if scheduler.pool is not None and not scheduler.pool.make_room(scheduler.slots, len(tokens)):
+            raise CacheFileError("No available space in KV cache")
+    except (CacheFileError, TypeError, ValueError) as exc:
+        raise invalid(f"Unable to restore slot: {exc}") from None
+    if tokens:
+        slot.cache, slot.tokens = cache, tokens
+    slot.last_used = time.perf_counter()
+    return {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens), "n_read": n_bytes,
+            "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}
+
+
+def erase(scheduler: Scheduler, id_slot: int) -> dict:
+    """Drop slot ``id_slot``'s cached tokens (engine thread)."""
+    slot = _slot(scheduler, id_slot)
+    n = len(slot.tokens) if slot.cache is not None else 0
+    slot.cache, slot.tokens = None, []
+    return {"id_slot": id_slot, "n_erased": n}

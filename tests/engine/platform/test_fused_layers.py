@@ -1,0 +1,93 @@
+"""The fused CPU norm / rope / attention (engine/platform/fused_layers.py) against MLX's own ops,
+and what they are for: with them and the quantized kernels, a block forward of a packed model is
+bitwise the same as one-token forwards, so the exactness probe allows block verification."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+import tiny_gguf
+from gguf import GGMLQuantizationType as Q
+
+from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.platform import qmatmul
+from mlxcel.engine.platform.fused_layers import FusedRMSNorm, FusedRoPE, fuse_layers, restore_attention
+from mlxcel.engine.speculative.exactness_probe import probe
+
+pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="the CPU kernels are not built here")
+
+
+def close(a, b, tol=2e-5):
+    return float(mx.abs(a - b).max().item()) <= tol * max(1.0, float(mx.abs(b).max().item()))
+
+
+def test_ops_match_mlx():
+    ext = qmatmul.extension()
+    key = mx.random.key(0)
+    x = mx.random.normal((2, 4, 5, 64), key=key)
+    w = mx.random.normal((64,), key=mx.random.key(1))
+    assert close(ext.rms_norm(x, w, 1e-5), mx.fast.rms_norm(x, w, 1e-5))
+    assert close(ext.rms_norm(mx.swapaxes(x, 1, 2), w, 1e-6), mx.fast.rms_norm(mx.swapaxes(x, 1, 2), w, 1e-6))
+    for traditional in (False, True):
+        for offset in (0, 37):
+            got = ext.rope(mx.swapaxes(x, 1, 2), 48, traditional, 10000.0, 0.5, offset)  # strided, partial dims
+            want = mx.fast.rope(mx.swapaxes(x, 1, 2), 48, traditional=traditional, base=10000.0, scale=0.5,
+                                offset=offset)
+            assert close(got, want), (traditional, offset)
+    q = mx.random.normal((2, 6, 3, 64), key=mx.random.key(2))
+    k = mx.random.normal((2, 2, 11, 64), key=mx.random.key(3))
+    v = mx.random.normal((2, 2, 11, 64), key=mx.random.key(4))
+    for mask in (None, "causal"):
+        want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
+        assert close(ext.attention(q, k, v, 0.125, mask == "causal"), want), mask
+    kt = mx.swapaxes(mx.swapaxes(k, 1, 2), 1, 2)  # a strided view, as a cache slice is
+    assert close(ext.attention(q, kt, v, 0.125, True), mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125,
+                                                                                            mask="causal"))
+
+
+@pytest.fixture(scope="module")
+def packed_tiny(tmp_path_factory, tiny_llama_dir):
+    path = tiny_gguf.write_gguf(tiny_llama_dir, tmp_path_factory.mktemp("fused") / "q.gguf",
+                                tiny_gguf.mixed({"token_embd": Q.Q8_0, "": Q.Q4_1}))
+    return load_model(path)
+
+
+def test_packed_model_is_fused_and_block_exact(packed_tiny):
+    model = packed_tiny.model
+    kinds = {type(m) for _, m in model.named_modules()}
+    assert FusedRMSNorm in kinds and FusedRoPE in kinds
+    for width in (2, 5, 9, 16):
+        verdict = probe(model, width, vocab_size=packed_tiny.vocab_size, make_cache=packed_tiny.make_cache)
+        assert verdict.exact, verdict.describe()
+
+
+def test_without_the_fused_ops_blocks_are_not_exact(packed_tiny, monkeypatch):
+    """The probe above can fail: with MLX's own norm/rope/attention the same packed weights give
+    block forwards that differ from one-token forwards in the last bits."""
+    monkeypatch.setenv("MLXCEL_FUSED_OPS", "0")
+    restore_attention()
+    try:
+        plain = load_model(packed_tiny.path)
+        kinds = {type(m) for _, m in plain.model.named_modules()}
+        verdicts = [probe(plain.model, w, vocab_size=plain.vocab_size, make_cache=plain.make_cache) for w in (5, 9, 16)]
+    finally:
+        fuse_layers(packed_tiny.model)
+    assert FusedRMSNorm not in kinds
+    assert not all(v.exact for v in verdicts)
+
+
+def test_without_the_kernels_the_float32_path_runs_and_says_so(packed_tiny, tmp_path):
+    """No kernels (here: ``MLXCEL_CPU_KERNELS=0``, as when no compiler was found at install): the
+    same file loads as float32, and one log line says why."""
+    import subprocess
+    import sys
+
+    code = ("import logging, sys; logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
+            "from mlx.utils import tree_flatten\n"
+            "from mlxcel.engine.model.loading import load_model\n"
+            f"lm = load_model({str(packed_tiny.path)!r})\n"
+            "print('PACKED', any(n.endswith('.packed') for n, _ in tree_flatten(lm.model.parameters())))\n")
+    env = {**__import__("os").environ, "MLXCEL_CPU_KERNELS": "0"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout
+    assert "PACKED False" in out
+    assert out.count("CPU quantized kernels unavailable (MLXCEL_CPU_KERNELS=0)") == 1
