@@ -57,9 +57,6 @@ OUT_OF_SCOPE_TESTS.update({
     "unit/test_router.py::test_router_delete_model": (
         "not applicable: mlxcel-server does not download models (POST /models answers 501); upstream passes this "
         "test offline only because its download of a model it cannot reach reports download_finished"),
-    "unit/test_sleep.py::test_server_sleep_token_counting_wake": (
-        "planned (issue 14): also counts tokens through /v1/responses/input_tokens and /v1/messages/count_tokens, "
-        "which answer 501 until the Responses and Anthropic APIs land"),
 })
 
 
