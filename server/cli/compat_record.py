@@ -110,13 +110,13 @@ ROUTES: list[tuple[str, str, str, str]] = [
      "an unreachable target 502 (upstream: 500)"),
     ("POST", "/predict", "supported", "only with AIP_MODE=PREDICTION (Google Cloud Vertex AI), as upstream: "
      "AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE and AIP_HTTP_PORT honoured; instances dispatched by @requestFormat"),
-    ("GET", "/models/sse", "supported", "router mode (no model given): the models' status events"),
-    ("POST", "/models", "refused", "router mode: 501, models are not downloaded (upstream downloads from the hub)"),
-    ("DELETE", "/models", "divergent", "router mode: only downloaded cache models are removable upstream and none are "
+    ("GET", "/models/sse", "supported", "router mode only (no model; --models-dir / --models-preset): the models' status events"),
+    ("POST", "/models", "refused", "router mode only: 501, models are not downloaded (upstream downloads from the hub)"),
+    ("DELETE", "/models", "divergent", "router mode only: only downloaded cache models are removable upstream and none are "
      "listed here, so 400 (not removable) / 404 (unknown), where upstream answers 500"),
-    ("POST", "/models/load", "supported", "router mode: starts the model's child server (evicting the LRU idle one "
+    ("POST", "/models/load", "supported", "router mode only: starts the model's child server (evicting the LRU idle one "
      "at --models-max)"),
-    ("POST", "/models/unload", "supported", "router mode: stops the model's child server"),
+    ("POST", "/models/unload", "supported", "router mode only: stops the model's child server"),
 ]
 
 # (field, state, note) for the completion routes

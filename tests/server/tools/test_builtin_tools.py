@@ -91,7 +91,11 @@ def test_shell_timeout_ends_the_process_group_and_streams():
     assert time.monotonic() - t0 < 10
     assert "started" in res["plain_text_response"] and "[exit due to timed out]" in res["plain_text_response"]
     chunks: list[str] = []
-    assert ExecShellCommand().invoke({"command": "echo a; echo b >&2; exit 3"}, chunks.append) is None
+    def keep(chunk: str) -> bool:  # True: go on (False would end the command)
+        chunks.append(chunk)
+        return True
+
+    assert ExecShellCommand().invoke({"command": "echo a; echo b >&2; exit 3"}, keep) is None
     text = "".join(chunks)
     assert "a\n" in text and "b\n" in text and text.endswith("[exit code: 3]")
     capped = run_subprocess(["sh", "-c", "head -c 100000 /dev/zero"], 10, 5)
