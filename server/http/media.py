@@ -31,4 +31,5 @@ def refuse_content_part(part: object) -> None:
 
 def multimodal_prompt_refused() -> ApiError:
     """A prompt object with ``multimodal_data``: upstream's message for a model without a projector."""
-    return invalid(f"Multimodal data provided, but model does not support multimodal requests ({HINT}).")
+    return invalid(f"Multimodal data provided, but model does not support multimodal requests (multimodal_data: "
+                   f"{HINT}).")
