@@ -52,9 +52,19 @@ def rewrite(argv: list[str], model: str) -> list[str]:
     return out
 
 
+def router_preset(argv: list[str]) -> list[str]:
+    """A server started with no model is a router: it gets the preset of the hub models the tests
+    would have in their cache (``plugin.py``), unless it names a preset of its own."""
+    names = {a.partition("=")[0] for a in argv}
+    preset = os.environ.get("MLXCEL_CONFORMANCE_ROUTER_PRESET")
+    if preset and not names & {*MODEL_SOURCES, *PATHS, "--models-preset"}:
+        return ["--models-preset", preset]
+    return []
+
+
 def main() -> None:
     model = os.environ["MLXCEL_CONFORMANCE_MODEL"]
-    args = rewrite(sys.argv[1:], model)
+    args = rewrite(sys.argv[1:], model) + router_preset(sys.argv[1:])
     target = os.environ.get("MLXCEL_CONFORMANCE_TARGET", "mlxcel")
     if target == "llama-server":
         binary = os.environ["MLXCEL_CONFORMANCE_LLAMA_SERVER"]

@@ -103,8 +103,9 @@ def _long_dashes(arg: str) -> str:
 def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> ServerConfig:
     """``argv`` over the ``LLAMA_ARG_*`` variables of ``environ`` (default: this process's)."""
     env = os.environ if environ is None else environ
-    ns = vars(build_parser().parse_args(env_arguments(env) + [_long_dashes(a) for a in argv]))
-    config = ServerConfig()
+    full = env_arguments(env) + [_long_dashes(a) for a in argv]
+    ns = vars(build_parser().parse_args(full))
+    config = ServerConfig(argv=full)
     for flag in [*FLAGS, *EXTENSIONS]:
         key = _key(flag)
         value = ns.get(key) if key not in ("help", "version") else None
@@ -140,6 +141,11 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
         raise ArgumentError("--max-body-size and --max-queue must be positive, --max-prompt-tokens >= 0")
     if config.timeout <= 0:
         raise ArgumentError("-to/--timeout must be a positive number of seconds")
+    if config.agent is not None:  # upstream's -ag sets (or, with --no-agent, clears) both
+        config.tools = "all" if config.agent else None
+        config.ui_mcp_proxy = bool(config.agent)
+    if config.sleep_idle_seconds == 0 or config.sleep_idle_seconds < -1:
+        raise ArgumentError("--sleep-idle-seconds: invalid value: cannot be 0 or less than -1")
     if config.ctx_size < 0:
         raise ArgumentError("-c/--ctx-size must be >= 0 (0 = the model's own context length)")
     check_surface(config)

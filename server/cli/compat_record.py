@@ -100,17 +100,23 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("GET", "/v1/stream", "refused", "501 not_supported_error: resumable streams are not implemented"),
     ("DELETE", "/v1/stream", "refused", "501 not_supported_error: resumable streams are not implemented"),
     ("POST", "/v1/streams/lookup", "refused", "501 not_supported_error: resumable streams are not implemented"),
-    ("GET", "/tools", "not-applicable", "403 feature_disabled, upstream's answer without --tools"),
-    ("POST", "/tools", "not-applicable", "403 feature_disabled, upstream's answer without --tools"),
-    ("GET", "/cors-proxy", "not-applicable", "403 feature_disabled, upstream's answer without --ui-mcp-proxy"),
-    ("POST", "/cors-proxy", "not-applicable", "403 feature_disabled, upstream's answer without --ui-mcp-proxy"),
+    ("GET", "/tools", "supported", "with --tools or an MCP config (upstream's built-in tools and MCP servers' "
+     "tools); 403 feature_disabled otherwise, as upstream"),
+    ("POST", "/tools", "supported", "with --tools or an MCP config; upstream's bodies (unwrapped errors, 200 with "
+     "{error} for a tool's own failure); 403 feature_disabled otherwise"),
+    ("GET", "/cors-proxy", "divergent", "with --ui-mcp-proxy (403 feature_disabled otherwise): a bad url is 400 and an "
+     "unreachable target 502 (upstream: 500)"),
+    ("POST", "/cors-proxy", "divergent", "with --ui-mcp-proxy (403 feature_disabled otherwise): a bad url is 400 and "
+     "an unreachable target 502 (upstream: 500)"),
     ("POST", "/predict", "supported", "only with AIP_MODE=PREDICTION (Google Cloud Vertex AI), as upstream: "
      "AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE and AIP_HTTP_PORT honoured; instances dispatched by @requestFormat"),
-    ("GET", "/models/sse", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
-    ("POST", "/models", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
-    ("DELETE", "/models", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
-    ("POST", "/models/load", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
-    ("POST", "/models/unload", "not-applicable", "router mode only (upstream registers it only then; 404 otherwise)"),
+    ("GET", "/models/sse", "supported", "router mode only (no model; --models-dir / --models-preset): the models' status events"),
+    ("POST", "/models", "refused", "router mode only: 501, models are not downloaded (upstream downloads from the hub)"),
+    ("DELETE", "/models", "divergent", "router mode only: only downloaded cache models are removable upstream and none are "
+     "listed here, so 400 (not removable) / 404 (unknown), where upstream answers 500"),
+    ("POST", "/models/load", "supported", "router mode only: starts the model's child server (evicting the LRU idle one "
+     "at --models-max)"),
+    ("POST", "/models/unload", "supported", "router mode only: stops the model's child server"),
 ]
 
 # (field, state, note) for the completion routes

@@ -335,14 +335,22 @@ FLAGS: list[Flag] = [
     F("--api-prefix", "supported", "PREFIX", dest="api_prefix", env="LLAMA_ARG_API_PREFIX"),
     F("--ui-config --webui-config", "ignored", "JSON", note=UI, env="LLAMA_ARG_UI_CONFIG"),
     F("--ui-config-file --webui-config-file", "ignored", "PATH", note=UI, env="LLAMA_ARG_UI_CONFIG_FILE"),
-    F("--ui-mcp-proxy --webui-mcp-proxy", "ignored", negatives=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"), note=UI, env="LLAMA_ARG_UI_MCP_PROXY"),
-    F("--tools", "divergent", "TOOL1,TOOL2,...", dest="tools",
-      note=UI + "; the tools are not served (/tools answers 403), but as upstream, giving them makes the default "
-              "--cors-origins localhost", env="LLAMA_ARG_TOOLS"),
-    F("--tools-runtime", "ignored", "OPTION", note=UI, env="LLAMA_ARG_TOOLS_RUNTIME"),
-    F("--mcp-servers-config", "ignored", "PATH", note=UI, env="LLAMA_ARG_MCP_SERVERS_CONFIG"),
-    F("--mcp-servers-json", "ignored", "JSON", note=UI, env="LLAMA_ARG_MCP_SERVERS_JSON"),
-    F("-ag --agent", "ignored", negatives=("-no-ag", "--no-agent"), note=UI, env="LLAMA_ARG_AGENT"),
+    F("--ui-mcp-proxy --webui-mcp-proxy", "supported", negatives=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
+      dest="ui_mcp_proxy", note="the web UI's CORS proxy for MCP servers on /cors-proxy (experimental, off by default: "
+                                "403 feature_disabled)", env="LLAMA_ARG_UI_MCP_PROXY"),
+    F("--tools", "supported", "TOOL1,TOOL2,...", dest="tools",
+      note="the web UI's built-in tools on /tools (read_file, file_glob_search, grep_search, exec_shell_command, "
+           "write_file, edit_file, get_info, or all; experimental, off by default: 403 feature_disabled); as upstream, "
+           "giving them makes the default --cors-origins localhost", env="LLAMA_ARG_TOOLS"),
+    F("--tools-runtime", "supported", "OPTION", dest="tools_runtime",
+      note="where tools run: docker:<image> / podman:<image> (a container spawned and owned by the server), "
+           "docker-container:<id> / podman-container:<id>, ssh:<target>; default the host", env="LLAMA_ARG_TOOLS_RUNTIME"),
+    F("--mcp-servers-config", "supported", "PATH", dest="mcp_servers_config",
+      note="a JSON file of MCP servers (Cursor's mcpServers format) whose tools /tools serves", env="LLAMA_ARG_MCP_SERVERS_CONFIG"),
+    F("--mcp-servers-json", "supported", "JSON", dest="mcp_servers_json",
+      note="MCP servers inline (Cursor's mcpServers format)", env="LLAMA_ARG_MCP_SERVERS_JSON"),
+    F("-ag --agent", "supported", negatives=("-no-ag", "--no-agent"), dest="agent",
+      note="all built-in tools and the CORS proxy on (--no-agent: both off)", env="LLAMA_ARG_AGENT"),
     F("--ui --webui", "supported", negatives=("--no-ui", "--no-webui"), dest="ui",
       note="the built-in chat page at / (default on; --no-ui: / is 404)", env="LLAMA_ARG_UI"),
     F("--embedding --embeddings", "supported", dest="embeddings",
@@ -371,10 +379,14 @@ FLAGS: list[Flag] = [
       note="POST /slots/:id?action=save|restore|erase; the KV cache and tokens in a safetensors file (MLX's own "
            "I/O), not upstream's binary state format"),
     F("--media-path", "ignored", "PATH", note=MEDIA),
-    F("--models-dir", "refused", "PATH", note=ROUTER, env="LLAMA_ARG_MODELS_DIR"),
-    F("--models-preset", "refused", "PATH", note=ROUTER, env="LLAMA_ARG_MODELS_PRESET"),
-    F("--models-max", "ignored", "N", note=ROUTER, env="LLAMA_ARG_MODELS_MAX"),
-    F("--models-autoload", "ignored", negatives=("--no-models-autoload",), note=ROUTER, env="LLAMA_ARG_MODELS_AUTOLOAD"),
+    F("--models-dir", "supported", "PATH", dest="models_dir", note="router mode: a directory of models (GGUF files, "
+      "directories of GGUF files, MLX checkpoints)", env="LLAMA_ARG_MODELS_DIR"),
+    F("--models-preset", "supported", "PATH", dest="models_preset", note="router mode: an INI file of models and their "
+      "settings", env="LLAMA_ARG_MODELS_PRESET"),
+    F("--models-max", "supported", "N", dest="models_max", type="int", note="router mode: most models loaded at once "
+      "(default 4, 0 = unlimited); the least recently used idle one makes room", env="LLAMA_ARG_MODELS_MAX"),
+    F("--models-autoload", "supported", negatives=("--no-models-autoload",), dest="models_autoload",
+      note="router mode: load a model when a request names it (default on)", env="LLAMA_ARG_MODELS_AUTOLOAD"),
     F("--jinja", "supported", negatives=("--no-jinja",), dest="jinja",
       note="--no-jinja renders upstream's built-in formats (named, or detected from the template), as upstream",
       env="LLAMA_ARG_JINJA"),
@@ -399,7 +411,8 @@ FLAGS: list[Flag] = [
     F("--prefill-assistant", "ignored", negatives=("--no-prefill-assistant",), note="the template decides", env="LLAMA_ARG_PREFILL_ASSISTANT"),
     F("-sps --slot-prompt-similarity", "supported", "SIMILARITY", dest="slot_prompt_similarity", type="float"),
     F("--lora-init-without-apply", "ignored", note="LoRA adapters are not supported"),
-    F("--sleep-idle-seconds", "ignored", "SECONDS", note="the model stays loaded"),
+    F("--sleep-idle-seconds", "supported", "SECONDS", dest="sleep_idle_seconds", type="int",
+      note="unload the model after SECONDS without a request that uses it, reload it on the next one (-1: never)"),
     F("--log-prompts-dir", "ignored", "PATH", note="prompts are not logged to files"),
     F("--embd-gemma-default", "refused", note=PRESET),
     F("--fim-qwen-1.5b-default", "refused", note=PRESET),

@@ -13,6 +13,8 @@ from mlxcel.engine.errors import MlxcelError
 from mlxcel.server.cli.args import parse_args, usage
 from mlxcel.server.runtime.config import ArgumentError
 from mlxcel.server.runtime.speculation_settings import resolve
+from mlxcel.server.tools.registry import ToolsSetupError
+from mlxcel.server.tools.registry import check_flags as check_tool_flags
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,6 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     except MlxcelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    try:
+        check_tool_flags(config)  # --tools names and the MCP config, as upstream refuses them (status 1)
+    except ToolsSetupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     # Only now the heavy part: mlx-lm (and transformers), FastAPI and uvicorn load here, so a
     # command line refused above, --help and --version answer without them.
     from mlxcel.server.cli.serving import run  # noqa: PLC0415 - defers mlx-lm, transformers, FastAPI

@@ -3,6 +3,7 @@ loads, logging, BLAS threads, the app, and uvicorn with a clean SIGTERM shutdown
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -11,9 +12,13 @@ import sys
 import uvicorn
 
 from mlxcel.engine.platform.device import set_cpu_threads
+from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
 from mlxcel.server.cli.listen import bind, hosts
 from mlxcel.server.http.app import create_app
+from mlxcel.server.router import options
+from mlxcel.server.router.app import RouterSetupError, create_router_app
 from mlxcel.server.runtime.config import ArgumentError, ServerConfig
+from mlxcel.server.tools.registry import ToolsSetupError
 
 log = logging.getLogger("mlxcel.server")
 
@@ -47,6 +52,28 @@ def _server_class():
     return Server
 
 
+def _router_app(config: ServerConfig):
+    """No model, models to route to: upstream's router mode."""
+    options.register([*FLAGS, *EXTENSIONS])  # how presets and the command line name flags
+    return create_router_app(config)
+
+
+def _begin_shutdown(app) -> None:
+    """On the stopping signal: the scheduler ends in-flight requests, tool calls are cancelled and
+    MCP servers told to stop, while uvicorn drains the connections."""
+    server = getattr(app.state, "server", None)  # the single-model app's (the router has none)
+    if server is not None and server.scheduler is not None:
+        server.scheduler.begin_shutdown()
+    models = getattr(app.state, "models", None)  # the router's: its event streams end now
+    if models is not None:
+        models.stopping = True
+    if app.state.tools is not None:
+        try:
+            asyncio.get_running_loop().call_soon_threadsafe(app.state.tools.begin_shutdown)
+        except RuntimeError:  # no loop running (not started yet)
+            pass
+
+
 def run(config: ServerConfig) -> int:
     """Serve until a signal (or a model that fails to load) stops the server; the exit status."""
     _setup_logging(config)
@@ -68,7 +95,11 @@ def run(config: ServerConfig) -> int:
                      config.threads)
 
     _Server = _server_class()
-    app = create_app(config)
+    try:
+        app = _router_app(config) if config.router else create_app(config)
+    except (ToolsSetupError, RouterSetupError) as exc:  # tool flags, MCP config, model sources
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     failed: list[BaseException] = []
     server_ref: list[uvicorn.Server] = []
 
@@ -77,7 +108,7 @@ def run(config: ServerConfig) -> int:
         if server_ref:
             server_ref[0].should_exit = True
 
-    app.state.on_load_error = on_load_error
+    app.state.on_load_error = on_load_error  # the router's children report their own
     # keep-alive as upstream's (5 s); --timeout bounds each request instead (see Scheduler)
     uv_kwargs = {"log_level": "warning" if not config.verbose else "info", "timeout_keep_alive": 5,
                  "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
@@ -96,7 +127,7 @@ def run(config: ServerConfig) -> int:
     if config.ssl_key_file or config.ssl_cert_file:
         uv_kwargs.update(ssl_keyfile=config.ssl_key_file, ssl_certfile=config.ssl_cert_file)
     server = _Server(uvicorn.Config(app, **uv_kwargs))
-    server.on_exit = lambda: app.state.server.scheduler and app.state.server.scheduler.begin_shutdown()
+    server.on_exit = lambda: _begin_shutdown(app)
     server_ref.append(server)
     log.info("listening on %s port %s", ", ".join(hosts(config.host)), config.port)
     # uvicorn re-raises the signal that stopped it once it is done, under the handler that was in

@@ -22,24 +22,29 @@ from mlxcel.server.http.limits import BodyRefused, Limits
 from mlxcel.server.http.routes import (
     anthropic,
     completions,
+    cors_proxy,
     embeddings,
     info,
     responses,
     slot_actions,
     tokens,
+    tools,
     unsupported,
     webui,
 )
 from mlxcel.server.http.routes.gcp import add_gcp_routes
+from mlxcel.server.http.sleep import IdleSleep, unload
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.startup import load_into
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.errors import ApiError, invalid, not_found_body
+from mlxcel.server.tools.registry import ServerTools
 
 log = logging.getLogger(__name__)
 
-ROUTE_MODULES = (info, unsupported, tokens, completions, slot_actions, embeddings, responses, anthropic)
+ROUTE_MODULES = (info, unsupported, tokens, completions, slot_actions, embeddings, responses, anthropic, tools,
+                 cors_proxy)
 
 
 def create_app(config: ServerConfig, loader: Callable[[], LoadedModel] | None = None) -> FastAPI:
@@ -58,18 +63,34 @@ def create_app(config: ServerConfig, loader: Callable[[], LoadedModel] | None = 
             if app.state.on_load_error is not None:
                 app.state.on_load_error(exc)
 
+    if config.sleep_idle_seconds > 0:
+        state.sleep = IdleSleep(state, config.sleep_idle_seconds, reload=lambda: load_into(state, loader),
+                                unload=lambda: unload(state))
+
+    server_tools = ServerTools.from_config(config)  # None: /tools answers 403; ToolsSetupError: not started
+
     @asynccontextmanager
     async def lifespan(_app):
         threading.Thread(target=load, name="mlxcel-load", daemon=True).start()
+        if state.sleep is not None:
+            state.sleep.start()
+        if server_tools is not None:
+            await server_tools.start()  # MCP servers' tools discovered before the server listens, as upstream
         yield
+        if server_tools is not None:
+            await server_tools.stop()
+        if state.sleep is not None:
+            state.sleep.stop()
         if state.scheduler is not None:
             state.scheduler.stop()
 
     app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.server = state
+    app.state.config = config
+    app.state.tools = server_tools
     app.state.on_load_error = None
     app.add_middleware(GateMiddleware, state=state)
-    _add_error_handlers(app)
+    add_error_handlers(app)
     router = APIRouter(prefix=config.api_prefix)
     for module in ROUTE_MODULES:
         module.add_routes(router)
@@ -79,7 +100,7 @@ def create_app(config: ServerConfig, loader: Callable[[], LoadedModel] | None = 
     return app
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def add_error_handlers(app: FastAPI) -> None:
     """Every failure becomes llama-server's error body with the matching status."""
 
     @app.exception_handler(ApiError)

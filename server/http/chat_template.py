@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover
     _compile_jinja_template = None
 
 from mlxcel.server.http import legacy_templates
+from mlxcel.server.http.media import refuse_content_part
 from mlxcel.server.runtime.errors import invalid
 
 CHATML = (
@@ -74,8 +75,9 @@ def normalize_messages(messages: Any, join: str = "\n") -> list[dict]:
         if isinstance(content, list):
             parts = []
             for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise invalid("Failed to parse messages: only text content parts are supported")
+                refuse_content_part(part)  # media and unknown types, as upstream without a projector
+                if not isinstance(part.get("text"), str):
+                    raise invalid("Failed to parse messages: a text content part needs a string 'text'")
                 parts.append(part["text"])
             content = join.join(parts)
         elif content is None:

@@ -37,8 +37,9 @@ class Cors:
 
     @classmethod
     def from_config(cls, config) -> Cors:
-        # as upstream: the web UI's server tools make the default origin localhost
-        origins = config.cors_origins or ("localhost" if config.tools else "*")
+        # as upstream: the web UI's server tools (or MCP servers) make the default origin localhost
+        web_tools = config.tools or config.mcp_servers_config or config.mcp_servers_json
+        origins = config.cors_origins or ("localhost" if web_tools else "*")
         return cls(origins, config.cors_methods, config.cors_headers, config.cors_credentials)
 
     def allow_origin(self, origin: bytes) -> bytes | None:

@@ -41,7 +41,8 @@ class GateMiddleware:
         send = self.cors.wrap_send(origin, header_names.wrap_send(send))
         if scope.get("method") == "OPTIONS":
             return await self.cors.preflight(send)
-        if not state.ready:
+        sleep = state.sleep
+        if not state.ready and not (sleep is not None and sleep.sleeping):
             message = "Loading model" if state.load_error is None else f"Model failed to load: {state.load_error}"
             return await JsonResponse(unavailable(message).body(), status_code=503)(scope, receive, send)
         path = scope.get("path", "")
@@ -54,4 +55,6 @@ class GateMiddleware:
         size = self.body_limit.declared_too_large(scope)
         if size is not None:
             return await self.body_limit.refuse(size, scope, receive, send)
+        if sleep is not None:  # --sleep-idle-seconds: wake the model for a request that needs it
+            return await sleep.serve(self.app, scope, self.body_limit.wrap(receive), send)
         return await self.app(scope, self.body_limit.wrap(receive), send)

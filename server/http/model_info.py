@@ -50,7 +50,7 @@ def props(state) -> dict:
         "eos_token": tokenizer.convert_ids_to_tokens(eos[0]) if eos else "",
         "build_info": SYSTEM_FINGERPRINT,
         "is_sleeping": False,
-        "cors_proxy_enabled": False,
+        "cors_proxy_enabled": bool(state.config.ui_mcp_proxy),
     }
 
 

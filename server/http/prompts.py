@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlxcel.server.http.media import multimodal_prompt_refused
 from mlxcel.server.runtime.errors import invalid
 
 PROMPT_FORMS = ('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt string, '
@@ -51,9 +52,8 @@ def tokenize_prompt(loaded, prompt: Any) -> list[int]:
     """One prompt (any single form) -> token ids, with BOS when the model adds one."""
     tokenizer = loaded.tokenizer
     if isinstance(prompt, dict):
-        if prompt.get("multimodal_data"):
-            raise invalid("multimodal_data is not supported: mlxcel-server is text-only (no vision or audio "
-                          "projector)")
+        if "multimodal_data" in prompt:
+            raise multimodal_prompt_refused()
         text = prompt.get("prompt_string")
         if not isinstance(text, str):
             raise invalid(PROMPT_FORMS)

@@ -4,6 +4,7 @@ everything derived from it at load time (template, defaults, scheduler), and the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from mlxcel.engine.model.fim_tokens import FimTokens
 from mlxcel.engine.model.loaded_model import LoadedModel
@@ -47,6 +48,7 @@ class ServerState:
     fim: FimTokens | None = None  # the model's fill-in-the-middle tokens (/infill)
     embedder: Embedder | None = None  # --embeddings / --reranking
     responses: ResponseStore = field(default_factory=ResponseStore)  # the Responses API's stored responses
+    sleep: Any = None  # sleep.IdleSleep with --sleep-idle-seconds (it imports this module)
 
     @property
     def ready(self) -> bool:

@@ -82,8 +82,14 @@ class ServerConfig:
     reasoning_budget: int = -1  # thinking tokens before the end tag is forced (-1: no limit)
     reasoning_budget_message: str | None = None  # forced before the end tag when the budget is spent
     timeout: int = 3600
+    sleep_idle_seconds: int = -1  # unload the model after this many idle seconds (-1: never)
     cors_origins: str | None = None  # unset: "*", or "localhost" when --tools is given (as upstream)
-    tools: str | None = None
+    tools: str | None = None  # --tools: the web UI's built-in tools (comma-separated, or all)
+    tools_runtime: str | None = None
+    mcp_servers_config: str | None = None
+    mcp_servers_json: str | None = None
+    ui_mcp_proxy: bool = False  # the web UI's /cors-proxy
+    agent: bool | None = None  # -ag: tools=all and the proxy; --no-agent: neither
     cors_methods: str = "GET, POST, DELETE, OPTIONS"
     cors_headers: str = "*"
     cors_credentials: bool = True
@@ -121,7 +127,19 @@ class ServerConfig:
     spec_default: bool = False
     draft_kind: str | None = None
     draft_adaptive: str | None = None
+    models_dir: str | None = None  # router mode (no model given): where the models are
+    models_preset: str | None = None
+    models_max: int = 4
+    models_autoload: bool = True
+    argv: list[str] = field(default_factory=list)  # the command line as given (the router passes it on)
     notes: list[str] = field(default_factory=list)  # what was ignored, for the startup log
+
+    @property
+    def router(self) -> bool:
+        """Upstream's router mode (models in child servers): no model, and models to route to. With
+        neither (a bare start) mlxcel serves its built-in default model, where upstream routes to its
+        download cache, which mlxcel does not keep."""
+        return not self.model and not self.hf_repo and bool(self.models_dir or self.models_preset)
 
     @property
     def n_slots(self) -> int:

@@ -24,6 +24,10 @@ class Metrics:
     accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts per block position
     per_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [rounds, drafted, accepted]
     declined: dict[str, int] = field(default_factory=dict)  # reason -> requests the server did not speculate
+    # the throughput gauges' window, as upstream's buckets: [steps, seconds] since the last scrape
+    # (each GET /metrics resets them); generation steps leave out each request's first token
+    prompt_bucket: list[float] = field(default_factory=lambda: [0, 0.0])
+    predict_bucket: list[float] = field(default_factory=lambda: [0, 0.0])
 
     def record_declined(self, reason: str) -> None:
         """A request asked to speculate and the server decoded it plainly (``speculation.DECLINED_*``)."""
@@ -53,6 +57,15 @@ class Metrics:
         self.tokens_predicted_total += predicted_n
         self.tokens_predicted_seconds_total += predicted_ms / 1e3
         self.n_tokens_max = max(self.n_tokens_max, n_tokens)
+        self.prompt_bucket[0] += prompt_n
+        self.prompt_bucket[1] += prompt_ms / 1e3
+        self.predict_bucket[0] += max(predicted_n - 1, 0)
+        self.predict_bucket[1] += predicted_ms / 1e3
+
+    def reset_buckets(self) -> None:
+        """Start a new window for the throughput gauges (upstream does it on every scrape)."""
+        self.prompt_bucket = [0, 0.0]
+        self.predict_bucket = [0, 0.0]
 
     def record_decode(self, rows: int) -> None:
         self.n_decode_total += 1
@@ -82,10 +95,9 @@ class Metrics:
              "Speculative: Total draft tokens accepted by the target model", self.draft_accepted_total),
             ("spec_decode_num_drafts_total", "counter", "Speculative: Total speculative decoding verification steps",
              self.drafts_total),
-            ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s",
-             rate(self.prompt_tokens_total, self.prompt_seconds_total)),
+            ("prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s", rate(*self.prompt_bucket)),
             ("predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s",
-             rate(self.tokens_predicted_total, self.tokens_predicted_seconds_total)),
+             rate(*self.predict_bucket)),
             ("requests_processing", "gauge", "Number of requests processing", processing),
             ("requests_deferred", "gauge", "Number of requests deferred", deferred),
             ("n_busy_slots_per_decode", "gauge", "Average number of busy slots per llama_decode() call",

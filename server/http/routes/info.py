@@ -19,8 +19,15 @@ async def health() -> JsonResponse:
     return JsonResponse({"status": "ok"})
 
 
+def _asleep(state: ServerState):
+    """The ``--sleep-idle-seconds`` controller while the model is unloaded, else None."""
+    return state.sleep if state.sleep is not None and state.sleep.sleeping else None
+
+
 async def get_props(request: Request) -> JsonResponse:
-    return JsonResponse(model_info.props(request.app.state.server))
+    state: ServerState = request.app.state.server
+    asleep = _asleep(state)
+    return JsonResponse(asleep.props if asleep else model_info.props(state))
 
 
 async def post_props(request: Request) -> JsonResponse:
@@ -31,7 +38,9 @@ async def post_props(request: Request) -> JsonResponse:
 
 
 async def get_models(request: Request) -> JsonResponse:
-    return JsonResponse(model_info.models(request.app.state.server))
+    state: ServerState = request.app.state.server
+    asleep = _asleep(state)
+    return JsonResponse(asleep.models if asleep else model_info.models(state))
 
 
 async def get_slots(request: Request) -> JsonResponse:
@@ -47,7 +56,12 @@ async def metrics(request: Request) -> PlainTextResponse:
     state: ServerState = request.app.state.server
     if not state.config.metrics:
         raise not_supported("This server does not support metrics endpoint. Start it with `--metrics`")
-    text = state.metrics.render(state.scheduler.processing, state.scheduler.deferred)
+    asleep = _asleep(state)
+    if asleep:
+        text = asleep.metrics_text(lambda snapshot: snapshot.render(0, 0))
+    else:
+        text = state.metrics.render(state.scheduler.processing, state.scheduler.deferred)
+        state.metrics.reset_buckets()  # the throughput gauges cover the time between two scrapes
     return PlainTextResponse(text, headers={"Content-Type": "text/plain; version=0.0.4",
                                             "Process-Start-Time-Unix": str(state.metrics.t_start)})
 

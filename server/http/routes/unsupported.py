@@ -20,7 +20,7 @@ NOT_IMPLEMENTED = {
 }
 
 
-def _not_implemented(message: str):
+def not_implemented(message: str):
     async def refuse():
         raise not_supported(message)
 
@@ -35,7 +35,5 @@ async def feature_disabled() -> JsonResponse:
 
 
 def add_routes(router: APIRouter) -> None:
-    for path in ("/tools", "/cors-proxy"):
-        router.add_api_route(path, feature_disabled, methods=["GET", "POST"])
     for path, (methods, message) in NOT_IMPLEMENTED.items():
-        router.add_api_route(path, _not_implemented(message), methods=list(methods))
+        router.add_api_route(path, not_implemented(message), methods=list(methods))

@@ -108,6 +108,20 @@ def test_supported_flags_take_effect():
     assert threaded.threads == 2 and not threaded.notes and parse_args([]).threads == -1
 
 
+def router_app():
+    """The router mode app (no model, an empty preset): its own routes, nothing loaded."""
+    import tempfile
+
+    from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
+    from mlxcel.server.router import options
+    from mlxcel.server.router.app import create_router_app
+    from mlxcel.server.runtime.config import ServerConfig
+
+    options.register([*FLAGS, *EXTENSIONS])
+    with tempfile.NamedTemporaryFile("w", suffix=".ini") as preset:
+        return create_router_app(ServerConfig(models_preset=preset.name))
+
+
 def test_routes_agree_with_app():
     from mlxcel.server.http.app import create_app
     from mlxcel.server.runtime.config import ServerConfig
@@ -119,6 +133,10 @@ def test_routes_agree_with_app():
         # upstream registers its router routes only in router mode: a single-model server has none
         absent = route["note"].startswith(("router mode only", "only with AIP_MODE"))
         assert (key in live) != absent, key
+    router_live = {(m, r.path) for r in router_app().routes if hasattr(r, "methods") for m in r.methods}
+    for route in recorded("routes.json")["routes"]:
+        if route["note"].startswith("router mode only"):
+            assert (route["method"], route["path"]) in router_live, route
     recorded_paths = {(r["method"], r["path"]) for r in recorded("routes.json")["routes"]}
     for name in capture_names():
         cap = load_capture(name)

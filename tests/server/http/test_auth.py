@@ -135,6 +135,10 @@ def test_no_route_reads_or_writes_a_file_a_request_names(server, tmp_path):
                                           "chat_template_kwargs": {"file": str(fifo)}, "model": str(fifo)}),
         ("POST", "/lora-adapters", [{"id": 0, "path": str(fifo)}]),
         ("POST", "/tokenize", {"content": str(fifo)}),
+        # the web UI's tools and proxy are off without --tools / an MCP config / --ui-mcp-proxy: 403
+        ("POST", "/tools", {"tool": "read_file", "params": {"path": str(fifo)}}),
+        ("POST", "/tools", {"tool": "write_file", "params": {"path": str(target), "content": "x"}}),
+        ("GET", f"/cors-proxy?url=file://{fifo}", None),
     ]
     for method, path, body in calls:
         r = httpx.request(method, server.url + path, json=body, headers=auth, timeout=10)

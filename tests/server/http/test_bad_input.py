@@ -136,6 +136,10 @@ MESSAGES = [
     ("role-empty", [{"role": "", "content": "x"}]), ("content-number", [{"role": "user", "content": 5}]),
     ("content-object", [{"role": "user", "content": {"a": 1}}]),
     ("content-part-image", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]),
+    ("content-part-image-data-uri", [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:text/html;base64,aGVsbG8="}}]}]),
+    ("content-part-audio", [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA"}}]}]),
+    ("content-part-video", [{"role": "user", "content": [{"type": "video_url", "video_url": {"url": "x"}}]}]),
     ("content-part-unknown", [{"role": "user", "content": [{"type": "hologram"}]}]),
     ("content-part-text-number", [{"role": "user", "content": [{"type": "text", "text": 5}]}]),
     ("content-part-string", [{"role": "user", "content": ["hi"]}]),
@@ -294,6 +298,25 @@ def test_bad_input_is_a_4xx_and_the_server_keeps_serving(client, case):
     assert r.status_code < 500, (r.status_code, r.text[:300])
     check_error(r, case.status, case.type)
     normal_request(client, len(case.id))
+
+
+def test_media_is_refused_with_upstreams_messages(client):
+    """As a llama-server without a projector answers (400 here, 500 there), before any download."""
+    def message(path, body):
+        r = client.post(path, json=body)
+        assert r.status_code == 400, r.text
+        return r.json()["error"]["message"]
+
+    chat = {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "https://ggml.ai"}}]}]}
+    assert message("/v1/chat/completions", chat).startswith("image input is not supported")
+    chat["messages"][0]["content"][1] = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    assert message("/v1/chat/completions/input_tokens", chat).startswith("audio input is not supported")
+    chat["messages"][0]["content"][1] = {"type": "hologram"}
+    assert message("/apply-template", chat) == "unsupported content[].type"
+    for data in ([], ["AAAA"]):
+        prompt = {"prompt": {"prompt_string": "hi", "multimodal_data": data}, "n_predict": 1}
+        assert message("/completion", prompt).startswith("Multimodal data provided, but model does not support")
 
 
 def test_chunked_body_over_the_limit_is_413(client):
