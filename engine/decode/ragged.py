@@ -220,7 +220,9 @@ class RaggedBatch:
         positions are its own, the rest padding. Each row's cache then holds its tokens."""
         if plan.rows != self.rows:
             raise ValueError("the step plan must name every row of the batch, in order")
-        width = plan.width
+        # never one token in all: a one-row forward takes the one-row matmul path (a different
+        # kernel, other rounding), so a lone plain step is padded to two to round as it does in a batch
+        width = max(plan.width, 2)
         x = mx.array([t + [0] * (width - len(t)) for t in plan.tokens], dtype=mx.int32)
         for layer in self.cache:
             layer.begin(width)
