@@ -11,20 +11,24 @@ it is never blocked by model work. The engine thread runs continuous batching ov
         prefill: one chunk (<= --ubatch-size tokens) for each prefilling slot, <= --batch-size in all
         decode: one batched forward for every plain decoding row, then each row samples with its own chain
                 (the grammar masks of the constrained rows computed together, off the GIL, while the
-                forward runs); then one verify round for each speculating row
+                forward runs); then one shared verify forward for every speculating row (below)
 
 A task whose prompt is fully prefilled samples its first token from the prefill logits and joins
 the decode batch before the next step, so new requests join between steps without waiting for the
 running ones to finish.
 
-Speculating rows (a server with a drafter, see ``speculation``) never join the decode batch: each
-keeps its own single-sequence cache, and each tick runs one round of its ``SpeculativeSession`` on it
-(one target forward over ``[pending, drafts...]``, or a plain one-token step when its drafter has
-nothing worth verifying). Rejected drafts are rewound on that cache alone, which is exact; inside
-mlx-lm's batch caches a per-row rewind would mean rolling every row's whole KV history each round
-(measured: 15-55 ms per round on SmolLM2 here, as much as a forward). Plain rows therefore run
-exactly the batched forward they run on a server without a drafter, and nothing a speculating row
-does reaches another row's cache.
+Speculating rows (a server with a drafter, see ``speculation``) never join the plain decode batch.
+A row whose drafter proposes from tokens alone (prompt lookup, a draft model) and whose cache is
+plain attention joins the ragged batch (``engine.decode.ragged``) instead: each iteration every such
+row proposes its own block (``SpeculativeSession.prepare``), one target forward carries all of them
+(``StepPlan``: per row ``[pending, drafts...]`` at the row's own positions; a row with nothing to
+propose brings its one pending token), each row's rule decides on its own logits rows
+(``SpeculativeSession.decide``, the decision a round alone makes) and the row drops its own rejected
+tail, in O(1) (inside mlx-lm's left-padded batch caches that per-row rewind would mean moving the
+row's whole KV history, measured at 15-55 ms per round on SmolLM2 here). Rows of model-based drafters
+(which read the target's hidden states, and whose block width the exactness probe gates), and rows
+on sliding-window, quantized or recurrent caches, keep their own cache and run one verify round each
+(``_speculate``), as before. Nothing a speculating row does reaches another row's cache.
 """
 
 from __future__ import annotations
