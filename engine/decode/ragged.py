@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
 _STEP = 256  # capacity grows in multiples of this many positions, as mlx-lm's KVCache does
@@ -214,20 +215,96 @@ class RaggedBatch:
         for layer in self.cache:
             layer.lengths[i] -= n
 
-    def forward(self, plan: StepPlan) -> mx.array:
-        """Run ``plan`` (which must name every row, in ``self.rows`` order) in one forward; returns the
-        logits ``[B, width, V]`` queued (``mx.async_eval``): row ``i``'s first ``len(plan.tokens[i])``
-        positions are its own, the rest padding. Each row's cache then holds its tokens."""
+    def forward(self, plan: StepPlan) -> list[mx.array]:
+        """Run ``plan`` (which must name every row, in ``self.rows`` order) in one forward; returns
+        each row's logits ``[len(plan.tokens[i]), V]``, queued (``mx.async_eval``). Each row's cache
+        then holds its tokens.
+
+        The forward never carries a single token in all: a one-row matmul takes another kernel than
+        a taller one (other rounding), so a lone one-token step is laid out as two (the second a
+        padding copy) to round exactly as it does beside other rows."""
         if plan.rows != self.rows:
             raise ValueError("the step plan must name every row of the batch, in order")
-        # never one token in all: a one-row forward takes the one-row matmul path (a different
-        # kernel, other rounding), so a lone plain step is padded to two to round as it does in a batch
-        width = max(plan.width, 2)
-        x = mx.array([t + [0] * (width - len(t)) for t in plan.tokens], dtype=mx.int32)
+        counts = [len(t) for t in plan.tokens]
+        tokens = [list(t) for t in plan.tokens]
+        if sum(counts) == 1:
+            tokens[0] = tokens[0] + tokens[0]
+        width = max(len(t) for t in tokens)
         for layer in self.cache:
             layer.begin(width)
-        logits = self.model(x, cache=self.cache)
+        if packable(self.model):
+            flat = _packed_forward(self.model, tokens, self.cache, width)
+            starts = [0]
+            for t in tokens:
+                starts.append(starts[-1] + len(t))
+            logits = [flat[starts[i]:starts[i] + c] for i, c in enumerate(counts)]
+        else:
+            x = mx.array([t + [0] * (width - len(t)) for t in tokens], dtype=mx.int32)
+            padded = self.model(x, cache=self.cache)
+            logits = [padded[i, :c] for i, c in enumerate(counts)]
         for layer in self.cache:
-            layer.advance([len(t) for t in plan.tokens])
+            layer.advance(counts)
         mx.async_eval(logits, [layer.state for layer in self.cache])
         return logits
+
+
+# mlx-lm families whose decoder layer is exactly ``h + attn(norm(h))`` then ``h + mlp(norm(h))`` with a
+# q/k/v/o-projection attention (no q/k norms, no sliding layers): their projections, MLPs and head
+# can run on the real tokens alone, laid out flat, with only the attention on the padded per-row view.
+_PACKED_TYPES = {"llama", "mistral", "qwen2"}
+
+
+def packable(model) -> bool:
+    """Whether :func:`_packed_forward` reproduces ``model``'s own forward for a ragged batch."""
+    inner = getattr(model, "model", None)
+    if getattr(model, "model_type", None) not in _PACKED_TYPES or inner is None:
+        return False
+    layers = getattr(inner, "layers", [])
+    return bool(layers) and all(
+        not getattr(layer, "use_sliding", False) and hasattr(layer, "self_attn") and hasattr(layer, "mlp")
+        and all(hasattr(layer.self_attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj", "rope", "n_heads",
+                                                       "n_kv_heads", "scale"))
+        and not hasattr(layer.self_attn, "q_norm")
+        for layer in layers)
+
+
+def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], width: int) -> mx.array:
+    """The model's forward over the rows' tokens with no padding in the matmuls: the embedding,
+    projections, MLPs, norms and head see the ``N`` real tokens as one flat sequence; only the
+    attention sees the ``[B, width]`` per-row layout (gathered from the flat rows, and gathered back).
+    On a CPU the forward's cost grows with its tokens, so padding every row to the widest row's
+    block (a 33-token verify beside 1-token steps) would cost as much as the real work several
+    times over. Written here because mlx-lm's models take one rectangular batch only; the ops are
+    the model's own, in its order. Returns the logits ``[N, V]``, rows in plan order."""
+    inner = model.model
+    b = len(tokens)
+    flat_tokens = [t for row in tokens for t in row]
+    starts, gather, scatter = 0, [], []
+    for i, row in enumerate(tokens):
+        gather.extend(starts + min(t, len(row) - 1) for t in range(width))  # padding slots repeat a real row
+        scatter.extend(i * width + t for t in range(len(row)))
+        starts += len(row)
+    gather_idx = mx.array(gather, dtype=mx.int32)
+    scatter_idx = mx.array(scatter, dtype=mx.int32)
+    h = inner.embed_tokens(mx.array([flat_tokens], dtype=mx.int32))  # [1, N, H]
+    mask = cache[0].make_mask(width)
+    for layer, c in zip(inner.layers, cache):
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+
+        def per_row(a, heads):
+            return mx.take(a[0], gather_idx, axis=0).reshape(b, width, heads, -1).transpose(0, 2, 1, 3)
+
+        q, k, v = per_row(q, attn.n_heads), per_row(k, attn.n_kv_heads), per_row(v, attn.n_kv_heads)
+        q = attn.rope(q, offset=c.offset)
+        k = attn.rope(k, offset=c.offset)
+        k, v = c.update_and_fetch(k, v)
+        o = scaled_dot_product_attention(q, k, v, cache=c, scale=attn.scale, mask=mask)
+        o = mx.take(o.transpose(0, 2, 1, 3).reshape(b * width, -1), scatter_idx, axis=0)[None]
+        h = h + attn.o_proj(o)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    h = inner.norm(h)
+    if getattr(model.args, "tie_word_embeddings", False):
+        return inner.embed_tokens.as_linear(h)[0]
+    return model.lm_head(h)[0]

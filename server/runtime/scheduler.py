@@ -488,7 +488,7 @@ class Scheduler:
         for j, (row, run) in enumerate(zip(plan.rows, runs)):
             prep = preps[row]
             try:
-                result = run.spec.decide(prep, logits[j, :len(prep.block)], run.round_chain(),
+                result = run.spec.decide(prep, logits[j], run.round_chain(),
                                          run.prompt + run.generated, lambda n, row=row: self._ragged.rewind(row, n))
                 accepted = self._emit(run, result)
                 accepted_total += accepted

@@ -53,7 +53,8 @@ def test_each_row_of_a_ragged_forward_is_bitwise_what_it_is_alone(q8):
     assert plan.width == 4 and plan.n_tokens == 8 and plan.positions == [5, 17, 9]
     for i, block in enumerate(BLOCKS):
         alone, _ = step(batch_of(q8, [i]), [block])
-        assert mx.array_equal(alone[0, :len(block)], together[i, :len(block)]).item(), i
+        assert alone[0].shape[0] == len(block)
+        assert mx.array_equal(alone[0], together[i]).item(), i
 
 
 def test_rows_keep_or_drop_their_own_tails(q8, tiny_llama):
@@ -68,7 +69,7 @@ def test_rows_keep_or_drop_their_own_tails(q8, tiny_llama):
             lm.model(mx.array([BLOCKS[i]]), cache=ref)
             rewind(ref, len(BLOCKS[i]) - keep)
             want = lm.model(mx.array([[nxt]]), cache=ref)[0, -1]
-            got = logits[i, 0]
+            got = logits[i][0]
             if exact:
                 assert batch.length(i) == ref[0].offset
             # the single-sequence path takes other kernels (one-token matmul, fused attention): equal to rounding
