@@ -121,6 +121,10 @@ def test_a_disconnect_mid_round_leaves_no_slot_busy_and_no_cache_corrupt(servers
             chunks = 0
             for line in r.iter_lines():
                 chunks += line.startswith("data: ")
+                if chunks == 3:  # mid-run, /slots shows the row's last shared verify forward
+                    step = httpx.get(s.url + "/slots").json()[5].get("speculative_step")
+                    assert step is not None and step["rows"] >= 1 and step["tokens"] >= step["rows"]
+                    assert 0 <= step["accepted"] <= step["drafted"]
                 if chunks >= 6:
                     break
     deadline = time.monotonic() + 15
