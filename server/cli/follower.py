@@ -6,7 +6,6 @@ or the group is lost."""
 from __future__ import annotations
 
 import logging
-import os
 
 from mlxcel.server.http.startup import build_scheduler
 from mlxcel.server.runtime.config import ServerConfig
