@@ -91,6 +91,7 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     scheduler = build_scheduler(config, loaded, speculation, metrics=state.metrics, max_queue=state.limits.max_queue)
     if group is not None:
         scheduler.lockstep = Leader(group, on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        scheduler.lockstep.watch(scheduler)
     scheduler.start()
     state.scheduler = scheduler
     log.info("model %s loaded; %d slots, n_ctx %d", state.model_name, len(scheduler.slots), scheduler.n_ctx)

@@ -35,7 +35,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import pickle
+import threading
+import time
 import zlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -53,6 +56,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+STALL_S = float(os.environ.get("MLXCEL_LOCKSTEP_STALL_S", "120"))  # no engine step for this long: a rank is lost
+STOPPING_STALL_S = 3.0  # the same once the server is asked to stop
 _HEAD = 3  # payload length, stop, rank 0's digest; then one divergence flag per rank
 
 
@@ -87,8 +92,33 @@ class Leader:
         self.sent: set[int] = set()  # tasks the followers hold
         self.detached = False  # the group is gone or was told to stop: no more collectives
         self.iterations = 0
+        self.last_step = time.monotonic()
+        self._watchdog: threading.Thread | None = None
+
+    def watch(self, sched: Scheduler) -> None:
+        """Start the watchdog for a collective that never returns (see :meth:`_watch`)."""
+        self._watchdog = threading.Thread(target=self._watch, args=(sched,), name="mlxcel-lockstep-watchdog",
+                                          daemon=True)
+        self._watchdog.start()
+
+    def _watch(self, sched: Scheduler) -> None:
+        """A dead peer usually makes the ring backend fail the next collective, but a collective can
+        also wait forever on it. The engine thread steps at least every half second when idle; when
+        it has not for ``STALL_S`` (or for ``STOPPING_STALL_S`` once a signal, such as the one
+        mlx.launch sends every rank when one exits, asks the server to stop), every open request is
+        failed from here and the process ends, since the engine thread cannot be unblocked."""
+        while not self.detached:
+            time.sleep(0.25)
+            idle = time.monotonic() - self.last_step
+            if idle > STALL_S or (sched._draining and idle > STOPPING_STALL_S):
+                self.lost(sched, rank_lost(f"no step for {idle:.0f} s: a collective is waiting on a rank that "
+                                           "does not answer"))
+                time.sleep(2.0)  # the error events reach their streams
+                logging.shutdown()
+                os._exit(1)
 
     def step(self, sched: Scheduler) -> None:
+        self.last_step = time.monotonic()
         if self.detached:
             return
         while sched._jobs:  # they would run on this rank alone
@@ -116,6 +146,7 @@ class Leader:
             return
         self.sent = live
         self.iterations += 1
+        self.last_step = time.monotonic()
         diverged = [r for r, flag in enumerate(header[_HEAD:]) if flag]
         if diverged:
             self.lost(sched, ApiError(f"rank {diverged[0]} left the lockstep (its step plan differs from rank 0's); "

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -137,7 +138,7 @@ def test_refused_command_lines(tiny_llama_dir):
 
 @pytest.mark.parametrize("extra", [(), ("--draft-kind", "prompt-lookup")])
 def test_generate_across_ranks_prints_the_single_process_text(tiny_qwen_dir, extra):
-    cmd = [sys.executable, "-m", "mlxcel.server.cli", "generate", "-m", str(tiny_qwen_dir), "-p", PROMPTS[0],
+    cmd = [str(Path(sys.executable).with_name("mlxcel")), "generate", "-m", str(tiny_qwen_dir), "-p", PROMPTS[0],
            "-n", str(N), "--temp", "0", "--no-chat-template", *extra]
 
     def text(*prefix: str) -> str:
