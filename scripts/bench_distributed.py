@@ -67,9 +67,9 @@ def best_ms(fn, iters: int) -> float:
     return best * 1000
 
 
-def peak_rss_mib() -> float:
+def rss_mib(key: str = "VmHWM") -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -106,7 +106,7 @@ def main() -> None:
     step_ms = best_ms(lambda: forward_chunk(lm.model, [5], cache), args.steps)
     row = {"ranks": group.size() if group else 1, "rank": group.rank() if group else 0, "model": Path(model).name,
            "split_mode": args.split_mode if group else "none", "weights_mib": round(weights / 2**20, 1),
-           "peak_rss_mib": round(peak_rss_mib(), 1), "decode_step_ms": round(step_ms, 2),
+           "peak_rss_mib": round(rss_mib(), 1), "rss_mib": round(rss_mib("VmRSS"), 1), "decode_step_ms": round(step_ms, 2),
            "tokens_per_s": round(1000 / step_ms, 2)}
     if group is not None:
         hidden = mx.zeros((1, 1, int(lm.config["hidden_size"])), dtype=mx.float32)

@@ -13,7 +13,7 @@ import os
 import mlx.core as mx
 
 # what mlx.launch (or mpirun) sets for every rank; one of them is enough to try the backends
-_LAUNCH_VARS = ("MLX_RANK", "MLX_HOSTFILE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MLX_JACCL_COORDINATOR",
+_LAUNCH_VARS = ("MLX_RANK", "MLX_HOSTFILE", "MLX_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "MLX_JACCL_COORDINATOR",
                 "NCCL_HOST_IP")
 
 
