@@ -100,6 +100,7 @@ class Scheduler:
         self.last_step: dict[str, int] = {}  # the last iteration's ragged forward (metrics, /slots)
         self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
         self.faults = FaultPlan.from_env()
+        self.lockstep = None  # serving across ranks: runtime/lockstep.py's Leader or Follower
         self._stopping = False
         self._draining = False  # set from a signal handler: plain attribute writes only
         self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
@@ -189,8 +190,11 @@ class Scheduler:
         return bool(self._pending) or bool(self._jobs) or any(s.busy for s in self.slots)
 
     def _iteration(self) -> None:
-        self._drain(block=not self._has_work())
-        self._drop_ended()
+        if self.lockstep is None or self.lockstep.leads:
+            self._drain(block=not self._has_work())
+            self._drop_ended()
+        if self.lockstep is not None:  # the iteration's inputs, from rank 0 to every rank (lockstep.py)
+            self.lockstep.step(self)
         self._run_jobs()
         self._assign()
         self._prefill()
