@@ -16,6 +16,13 @@ slot's prompt reuse), so what enters and leaves is the cache ``decode.kv_cache``
 ``docs/benchmarks.md`` compares this design with the alternative of keeping each row's own cache
 and concatenating them into a padded batch for every forward (``scripts/bench_ragged_cache.py``).
 
+Exactness: a row's logits are bitwise the same whatever else is in the forward (and alone) where
+the matmul kernels round a row independently of the matrix height, which mlxcel's packed CPU
+kernels do from two rows up (hence no forward is one token wide; ``tests/engine/decode/test_ragged.py``)
+and masked attention does over padded keys; OpenBLAS's float32 sgemm does not promise it (its rows
+move by ~1e-6 with the height), exactly as for the plain ``DecodeBatch``. The decisions on those
+logits are the rules' own, so every row's tokens are the ones it gets alone wherever the logits are.
+
 Only plain attention caches (mlx-lm ``KVCache``) join: sliding windows, quantized and recurrent
 layers keep the per-row path (see :func:`joinable`). Pure MLX, synchronous.
 
