@@ -50,6 +50,7 @@ _MEASURE_ROWS = 2
 _MEASURE_WIDTHS = (1, 8, 16)  # tokens per row in the timed forwards
 _MEASURE_CONTEXT = 32  # tokens each timed row holds
 _MEASURE_REPEATS = 2  # best of, after one warm-up
+PRIOR_ACCEPTED, PRIOR_TESTED = 4, 5  # a row's acceptance before its own evidence: 0.8 (VerifyCost.draft_cap)
 
 
 @dataclass(frozen=True)
@@ -71,16 +72,21 @@ class VerifyCost:
         the row has had ``accepted`` of ``tested`` drafted positions accepted so far.
 
         ``n_max`` at one row. Otherwise the last position ``j <= n_max`` whose ``a ** j`` still
-        beats :meth:`bar`, with ``a`` the row's per-draft acceptance by Laplace's rule,
-        ``(accepted + 1) / (tested + 2)`` (a row with no evidence yet starts at one half, and no
-        evidence ever makes a draft certain). Never below ``n_min`` (the row's floor: a block
-        shorter than it is not verified at all), nor below 1: a capped row keeps drafting one
-        position, so its acceptance keeps being measured and its cap can grow back."""
+        beats :meth:`bar`, with ``a`` the row's per-draft acceptance estimated with a prior of
+        :data:`PRIOR_ACCEPTED` accepted of :data:`PRIOR_TESTED` positions, ``(accepted + 4) /
+        (tested + 5)``: a row with no evidence starts at 0.8, about what edit-style lookups are
+        accepted at, so a fresh row drafts enough to show what it is worth (a pessimistic start,
+        Laplace's one half, capped fresh rows at 2 drafts, under the lookup governor's break-even
+        of 4 tokens a round, and the governor paused them before they had shown anything); its own
+        positions outweigh the prior after a few rounds, and no evidence makes a draft certain.
+        Never below ``n_min`` (the row's floor: a block shorter than it is not verified at all),
+        nor below 1: a capped row keeps drafting one position, so its acceptance keeps being
+        measured and its cap can grow back."""
         if n_max <= 0:
             return 0
         if rows <= 1:
             return n_max
-        a = (accepted + 1) / (tested + 2)
+        a = (accepted + PRIOR_ACCEPTED) / (tested + PRIOR_TESTED)
         bar = self.bar(rows)
         k = 0
         while k < n_max and a ** (k + 1) > bar:

@@ -22,18 +22,20 @@ def test_one_row_keeps_n_max_whatever_its_acceptance():
 def test_a_wide_batch_with_low_acceptance_drafts_fewer_but_never_below_n_min():
     good, fair, poor = (90, 100), (80, 100), (20, 100)  # accepted of tested drafted positions
     caps = {rows: SMOLLM2.draft_cap(rows, *fair, n_max=16) for rows in (1, 2, 4, 8)}
-    assert caps == {1: 16, 2: 4, 4: 2, 8: 1}  # a = 0.79 against bars of 0.20, 0.34, 0.51, 0.67
+    assert caps == {1: 16, 2: 4, 4: 3, 8: 1}  # a = 0.80 against bars of 0.20, 0.34, 0.51, 0.67
     # a row accepting ~1 in 5 keeps only its one probe draft as soon as it shares the forward
     assert all(SMOLLM2.draft_cap(rows, *poor, n_max=16) == 1 for rows in (2, 4, 8))
     assert SMOLLM2.draft_cap(8, *good, n_max=16) == 3  # a row that is accepted more keeps more
     for n_min in (2, 3, 5):
         assert SMOLLM2.draft_cap(8, *poor, n_max=16, n_min=n_min) == n_min
     assert SMOLLM2.draft_cap(8, *poor, n_max=0) == 0
+    # a fresh row (no evidence) starts at the prior's 0.8: not capped to nothing before it has drafted
+    assert SMOLLM2.draft_cap(4, 0, 0, n_max=32) == 3
 
 
 def test_the_cap_is_where_the_next_draft_stops_paying():
     rows, accepted, tested = 4, 60, 80
-    a = (accepted + 1) / (tested + 2)
+    a = (accepted + 4) / (tested + 5)
     bar = 6.4 / (6.4 + 25.0 / rows)
     k = SMOLLM2.draft_cap(rows, accepted, tested, n_max=64)
     assert a ** k > bar >= a ** (k + 1)
