@@ -64,10 +64,12 @@ def child(args) -> dict:
     mx.eval(prefill(lm.model, prompt[: args.context], cache))
     block = prompt[args.context:]
 
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+
     def once(w: int) -> float:
-        t = time.perf_counter()
+        t = clock()
         mx.eval(lm.model(mx.array(block[:w])[None], cache=cache))
-        dt = time.perf_counter() - t
+        dt = clock() - t
         rewind(cache, w)
         return dt
 
@@ -88,6 +90,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--arms", default="packed,f32")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the process's CPU time (all its threads), robust to other jobs on the cores")
     ap.add_argument("--builds", default="", help="NAME=PATH,... extension builds to compare (packed arms)")
     ap.add_argument("--rounds", type=int, default=3, help="child processes per build with --builds")
     ap.add_argument("--build", default="", help=argparse.SUPPRESS)
@@ -110,7 +114,7 @@ def main() -> None:
         if arm == "f32":
             env["MLXCEL_WEIGHTS"] = "float32"
         cmd = [sys.executable, __file__, "--child", "--threads", str(args.threads), "--context", str(args.context),
-               "--reps", str(args.reps)] + (["-m", args.model] if args.model else []) + \
+               "--reps", str(args.reps), "--clock", args.clock] + (["-m", args.model] if args.model else []) + \
             (["--build", build] if build else [])
         out = subprocess.run(cmd, env=env_with_fast_blas(env), capture_output=True, text=True, check=True)
         per_arm.setdefault(name, []).append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -120,7 +124,7 @@ def main() -> None:
         results[name] = {"ms": ms, "ratio": {w: ms[w] / ms["1"] for w in ms}}
     print(json.dumps({"model": args.model or "SmolLM2-135M Q4_1", "threads": args.threads, "load_avg_start": load,
                       "load_avg_end": os.getloadavg()[0], "results": results}))
-    print(f"\n{args.model or 'SmolLM2-135M Q4_1'}, {args.threads} thread(s), context {args.context}, "
+    print(f"\n{args.model or 'SmolLM2-135M Q4_1'}, {args.threads} thread(s), context {args.context}, {args.clock} time, "
           f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}\n")
     print("| arm | " + " | ".join(f"k={w} ms (x k=1)" for w in WIDTHS) + " |")
     print("|---|" + "---:|" * len(WIDTHS))

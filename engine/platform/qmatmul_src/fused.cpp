@@ -19,16 +19,40 @@
 namespace mlxcel_q {
 namespace {
 
-// 16 independent partial sums: vectorizable without reassociating any lane's order.
+// 16 independent partial sums, added pairwise (8 + 8, 4 + 4, ...): vectorizable, in a fixed order.
 MLXCEL_CLONES float dot(const float* a, const float* b, int n) {
   float acc[16] = {0};
   int i = 0;
   for (; i + 16 <= n; i += 16)
     for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
-  float s = 0.f;
-  for (int j = 0; j < 16; ++j) s += acc[j];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  float s = acc[0];
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// exp(x): Cody-Waite range reduction and a degree-6 polynomial (relative error ~2 ulp; x clamped
+// to [-87, 88]), without branches so each clone vectorizes a loop of it; -ffp-contract=off keeps
+// the same roundings in every clone.
+static inline float exp_poly(float x) {
+  float t = std::min(88.0f, std::max(-87.0f, x));
+  float k = std::floor(t * 1.44269504088896341f + 0.5f);
+  float r = t - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * r) * r + r + 1.0f;
+  return p * std::bit_cast<float>((int32_t(k) + 127) << 23);
+}
+
+// v[j] = exp(v[j] - shift)
+MLXCEL_CLONES void exp_shifted(float* v, int n, float shift) {
+  for (int j = 0; j < n; ++j) v[j] = exp_poly(v[j] - shift);
 }
 
 MLXCEL_CLONES void axpy(float* y, const float* x, float a, int n) {
@@ -164,11 +188,9 @@ class AttentionP : public mx::UnaryPrimitive {
               sc[j] = dot(qs.data(), kv.row(b, h / group, j), D);
               mx_ = std::max(mx_, sc[j]);
             }
+            exp_shifted(sc.data(), n, mx_);
             float sum = 0.f;
-            for (int j = 0; j < n; ++j) {
-              sc[j] = std::exp(sc[j] - mx_);
-              sum += sc[j];
-            }
+            for (int j = 0; j < n; ++j) sum += sc[j];
             std::fill(acc.begin(), acc.end(), 0.f);
             for (int j = 0; j < n; ++j) axpy(acc.data(), vv.row(b, h / group, j), sc[j], D);
             float* o = op + ((size_t(b) * Hq + h) * L + l) * D;
@@ -191,25 +213,9 @@ class AttentionP : public mx::UnaryPrimitive {
 };
 
 
-// exp(x) for the gate's sigmoid: Cody-Waite range reduction and a degree-6 polynomial (relative
-// error ~2 ulp), written without branches so each clone vectorizes it; -ffp-contract=off keeps the
-// same roundings in every clone.
+// silu(g) * x with the exp above.
 MLXCEL_CLONES void silu_times(const float* g, const float* x, float* o, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    float t = std::min(88.0f, std::max(-87.0f, -g[i]));
-    float k = std::floor(t * 1.44269504088896341f + 0.5f);
-    float r = t - k * 0.693359375f;
-    r = r - k * -2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = (p * r) * r + r + 1.0f;
-    float e = p * std::bit_cast<float>((int32_t(k) + 127) << 23);
-    o[i] = (g[i] * (1.0f / (1.0f + e))) * x[i];
-  }
+  for (size_t i = 0; i < n; ++i) o[i] = (g[i] * (1.0f / (1.0f + exp_poly(-g[i])))) * x[i];
 }
 
 class SwiGLUP : public mx::UnaryPrimitive {
