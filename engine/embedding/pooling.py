@@ -5,7 +5,7 @@ The hidden states are what the LM head reads: the output of the final norm, one 
 (llama.cpp's ``result_norm``), recorded by ``speculative.target_features`` from the model's own
 forward. The sequence runs through a fresh cache in chunks, so an input as long as the context
 fits. Poolings: ``none`` (every row), ``mean``, ``cls`` (the first row), ``last``, and ``rank``
-(the last row through the model's rank head, ``rank_head``). Normalisations (``--embd-normalize`` /
+(the last row through the model's rank head, ``rank_head``; without one, the last row, as llama.cpp). Normalisations (``--embd-normalize`` /
 ``embd_normalize``): -1 none, 0 max-absolute scaled to the int16 range, 1 taxicab, 2 euclidean,
 p > 2 the p-norm.
 """
@@ -49,9 +49,8 @@ def pooled(hidden: mx.array, pooling: str, head: RankHead | None = None) -> np.n
     elif pooling == "last":
         out = hidden[-1]
     elif pooling == "rank":
-        if head is None:
-            raise ValueError("rank pooling needs the model's rank head")
-        out = head.outputs(hidden)
+        # no head: the last row itself, as llama.cpp's rank pooling leaves it (its score is row[0])
+        out = hidden[-1] if head is None else head.outputs(hidden)
     else:
         raise ValueError(f"unknown pooling {pooling!r} (one of {', '.join(POOLINGS)})")
     return np.array(out.astype(mx.float32))

@@ -9,10 +9,6 @@ against mlxcel-server. Planned features name the issue that brings them.
 from __future__ import annotations
 
 OUT_OF_SCOPE = {
-    "unit/test_rerank.py": (
-        "not applicable on the conformance model: SmolLM2 has no rank head, and mlxcel refuses --reranking for a "
-        "model without one (llama-server scores the first component of its hidden state); rerank is tested on a "
-        "tiny GGUF with a known head (tests/server/http/test_embeddings.py)"),
     "unit/test_infill.py": (
         "not applicable on the conformance model: SmolLM2 has no FIM tokens, so llama-server answers 501 as mlxcel "
         "does; /infill is tested on a tiny checkpoint with FIM tokens (tests/server/http/test_infill.py)"),

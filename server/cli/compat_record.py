@@ -61,9 +61,9 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("POST", "/embeddings", "aliased", "/embedding"),
     ("POST", "/v1/embeddings", "supported", "with --embeddings: OpenAI list shape, encoding_format float|base64, "
      "usage; pooling none is 400 as upstream; encoder-only (BERT-family) checkpoints are refused at load"),
-    ("POST", "/rerank", "divergent", "with --reranking, for a model with a rank head (GGUF cls.* tensors, or a "
-     "Qwen3-Reranker directory): Jina shape (results, relevance_score) or TEI (texts, score, return_text), top_n; "
-     "a model without a rank head is refused at startup (upstream scores it with a hidden-state component)"),
+    ("POST", "/rerank", "supported", "with --reranking: the model's rank head (GGUF cls.* tensors, or a "
+     "Qwen3-Reranker directory's yes/no rows), or without one, as upstream, the first component of the last hidden "
+     "state (a warning at startup); Jina shape (results, relevance_score) or TEI (texts, score, return_text), top_n"),
     ("POST", "/reranking", "aliased", "/rerank"),
     ("POST", "/v1/rerank", "aliased", "/rerank"),
     ("POST", "/v1/reranking", "aliased", "/rerank"),

@@ -357,8 +357,9 @@ FLAGS: list[Flag] = [
       note="/embedding, /embeddings, /v1/embeddings over the loaded decoder's hidden states; completions keep "
            "working; encoder-only (BERT-family) checkpoints are refused", env="LLAMA_ARG_EMBEDDINGS"),
     F("--rerank --reranking", "supported", dest="reranking",
-      note="/rerank and aliases; needs a rank head (GGUF cls.* tensors, or a Qwen3-Reranker directory): a model "
-           "without one is refused at startup", env="LLAMA_ARG_RERANKING"),
+      note="/rerank and aliases; scored by the model's rank head (GGUF cls.* tensors, or a Qwen3-Reranker "
+           "directory), or without one by the last hidden state's first component, as upstream (with a warning)",
+      env="LLAMA_ARG_RERANKING"),
     F("--api-key", "supported", "KEY", dest="api_key", env="LLAMA_API_KEY"),
     F("--api-key-file", "supported", "FNAME", dest="api_key_file", env="LLAMA_ARG_API_KEY_FILE"),
     F("--ssl-key-file", "supported", "FNAME", dest="ssl_key_file", env="LLAMA_ARG_SSL_KEY_FILE"),

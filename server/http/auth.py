@@ -1,8 +1,9 @@
 """API keys (``--api-key K1,K2``, ``--api-key-file``): which routes need one and whether a request
 carries a valid one.
 
-As upstream: the key comes as ``Authorization: Bearer <key>`` (or the ``X-Api-Key`` header that
-Anthropic-style clients send); ``/health``, ``/v1/health``, ``/models``, ``/v1/models`` and the web
+As upstream: the key comes in ``Authorization``, as ``Bearer <key>`` or bare ``<key>`` (upstream strips
+the prefix when present), or, when that header is absent, in the ``X-Api-Key`` header that
+Anthropic-style clients send; ``/health``, ``/v1/health``, ``/models``, ``/v1/models`` and the web
 page (``/``, ``/index.html``) stay public; a missing or wrong key is 401 ``{"error": {"code": 401, "message": "Invalid API Key",
 "type": "authentication_error"}}``. Keys are compared in constant time.
 """
@@ -32,15 +33,13 @@ class ApiKeys:
 
     def valid(self, headers) -> bool:
         """``headers``: the ASGI scope's list of (lower-case name, value) byte pairs."""
-        given = None
-        for name, value in headers:
-            if name == b"authorization" and value[:7].lower() == b"bearer ":
-                given = value[7:].strip()
-                break
-            if name == b"x-api-key" and given is None:
-                given = value.strip()
-        if given is None:
+        found = dict(headers)  # ASGI names are lower case
+        given = found.get(b"authorization") or found.get(b"x-api-key")
+        if not given:
             return False
+        if given[:7].lower() == b"bearer ":
+            given = given[7:]
+        given = given.strip()
         ok = False
         for key in self.keys:  # no early exit: the time taken does not say which key was near
             ok |= hmac.compare_digest(key, given)

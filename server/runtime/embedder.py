@@ -4,9 +4,10 @@ the engine thread (``Scheduler.call``).
 
 Pooling: ``--reranking`` is rank pooling; otherwise ``--pooling``, else the model's own (a GGUF
 file's ``{arch}.pooling_type``, a sentence-transformers directory's ``1_Pooling/config.json``),
-else ``none``, which is llama.cpp's default for a model that names none. Rank pooling needs a rank
-head (``engine.embedding.rank_head``); a model without one is refused at startup rather than
-scored with a number that means nothing.
+else ``none``, which is llama.cpp's default for a model that names none. Rank pooling reads a rank
+head (``engine.embedding.rank_head``); a model without one scores, as llama-server scores it, with
+the first component of the last token's hidden state, and a warning at startup says that this
+number ranks nothing in particular.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from mlxcel.engine.embedding.rank_head import (
     yes_no_head,
 )
 from mlxcel.engine.model.loaded_model import LoadedModel
-from mlxcel.server.runtime.config import ArgumentError, ServerConfig
+from mlxcel.server.runtime.config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,13 @@ class Embedder:
                 head = yes_no_head(loaded.model, loaded.tokenizer)
                 template = template or QWEN3_RERANK_TEMPLATE
             if head is None:
-                raise ArgumentError(
-                    f"--reranking / --pooling rank needs a model with a rank head, and {loaded.path.name} has none: "
-                    "a GGUF reranker carries cls.* tensors (e.g. bge-reranker, Qwen3-Reranker converted by llama.cpp), "
-                    "a Qwen3-Reranker checkpoint directory its LM head's yes/no rows; without one a score would mean "
-                    "nothing")
-            log.info("reranking with %s", head.source)
+                log.warning(
+                    "--reranking: %s has no rank head, so (as llama-server) a score is the first component of the "
+                    "last token's hidden state, which ranks nothing in particular; a reranker GGUF carries cls.* "
+                    "tensors (bge-reranker, Qwen3-Reranker converted by llama.cpp), a Qwen3-Reranker directory its "
+                    "LM head's yes/no rows", loaded.path.name)
+            else:
+                log.info("reranking with %s", head.source)
         log.info("embeddings on: pooling %s, normalisation %d", pooling, config.embd_normalize)
         return cls(loaded, pooling, config.embd_normalize, head, template, max(1, config.ubatch_size))
 

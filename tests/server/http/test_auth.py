@@ -56,6 +56,7 @@ def test_every_route_but_the_public_ones_needs_a_key(server, method, path):
     {"Authorization": "Bearer cli-key-1"}, {"Authorization": "Bearer cli-key-2"},
     {"Authorization": "Bearer file-key-1"}, {"Authorization": "Bearer file-key-2"},
     {"authorization": "bearer file-key-1"}, {"X-Api-Key": "cli-key-1"},
+    {"Authorization": "cli-key-1"},  # upstream strips "Bearer " only when present
 ])
 def test_each_configured_key_is_accepted(server, header):
     r = httpx.post(server.url + "/completion", json={"prompt": "hi", "n_predict": 2}, headers=header, timeout=30)
@@ -63,7 +64,8 @@ def test_each_configured_key_is_accepted(server, header):
 
 
 @pytest.mark.parametrize("header", [
-    {}, {"Authorization": "Bearer wrong"}, {"Authorization": "cli-key-1"}, {"Authorization": "Basic cli-key-1"},
+    {}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic cli-key-1"},
+    {"Authorization": "Bearer wrong", "X-Api-Key": "cli-key-1"},  # X-Api-Key is read only without Authorization
     {"Authorization": "Bearer cli-key"}, {"Authorization": "Bearer cli-key-1x"}, {"Authorization": "Bearer"},
     {"Authorization": "Bearer # file-key-3 is commented out"}, {"Authorization": "Bearer file-key-3"},
     {"X-Api-Key": ""}, {"X-Api-Key": "wrong"},

@@ -162,13 +162,19 @@ def test_bad_rerank_requests(reranker, documents):
     assert r.status_code == 400 and r.json()["error"]["message"] == '"query" must be provided'
 
 
-def test_reranking_without_a_rank_head_is_refused(tiny_llama):
-    """At startup (the load error ends the server), not with scores that mean nothing."""
-    from mlxcel.server.runtime.config import ArgumentError, ServerConfig
+def test_reranking_without_a_rank_head_scores_as_upstream(tiny_llama, caplog):
+    """No rank head: llama.cpp's rank pooling leaves the last token's normed hidden state, and
+    llama-server's score is its first component; the same here, with a warning at startup."""
+    from mlxcel.engine.embedding.pooling import embed
+    from mlxcel.server.runtime.config import ServerConfig
     from mlxcel.server.runtime.embedder import Embedder
 
-    with pytest.raises(ArgumentError, match="needs a model with a rank head"):
-        Embedder.load(ServerConfig(reranking=True), tiny_llama)
+    with caplog.at_level("WARNING"):
+        embedder = Embedder.load(ServerConfig(reranking=True), tiny_llama)
+    assert embedder.head is None and "no rank head" in caplog.text
+    tokens = tiny_llama.tokenizer.encode("a query and a document")
+    last = embed(tiny_llama.model, tokens, "last", normalization=-1)
+    assert embedder.score(tokens) == float(last[0]) and float(last[0]) != float(last[1])
     assert Embedder.load(ServerConfig(embeddings=True), tiny_llama).pooling == "none"  # the model names none
 
 
