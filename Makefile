@@ -13,7 +13,7 @@ RUN := ./scripts/with-blas
 # each (spinning workers otherwise starve the engines; engine/platform/device.py default_blas_threads).
 TEST_RUN := OPENBLAS_NUM_THREADS=1 $(RUN)
 
-.PHONY: setup setup-test serve test test-slow test-all lint conformance fuzz bench clean
+.PHONY: setup setup-test serve test test-slow test-distributed test-all lint conformance fuzz bench clean
 
 setup:
 	./scripts/setup.sh
@@ -45,6 +45,10 @@ lint: setup-test
 
 test-slow: setup-test
 	$(TEST_RUN) $(PY) -m pytest -q -m slow $(PYTEST_ARGS)
+
+# two ranks of mlx.launch (ring backend on 127.0.0.1) against one process; part of test-slow too
+test-distributed: setup-test
+	$(TEST_RUN) $(PY) -m pytest -q -m slow tests/server/test_distributed.py $(PYTEST_ARGS)
 
 test-all: setup-test
 	$(TEST_RUN) $(PY) -m pytest -q $(PYTEST_ARGS)

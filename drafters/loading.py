@@ -44,10 +44,10 @@ log = logging.getLogger(__name__)
 
 
 def load_target(model: str | Path | None = None, *, hf_repo: str | None = None,
-                hf_file: str | None = None) -> LoadedModel:
+                hf_file: str | None = None, shard: Callable[[nn.Module], None] | None = None) -> LoadedModel:
     """``engine.model.loading.load_model`` for a model that is to be served or verified against:
     a drafter-only checkpoint is refused with a message naming where it runs."""
-    return load_model(model, hf_repo=hf_repo, hf_file=hf_file, check_config=refuse_as_model)
+    return load_model(model, hf_repo=hf_repo, hf_file=hf_file, check_config=refuse_as_model, shard=shard)
 
 
 class DrafterSource:

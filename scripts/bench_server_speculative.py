@@ -18,6 +18,14 @@ tokens/s over the whole request as the client saw it, and decode tokens per targ
 (``(predicted_n - 1) / (predicted_n - 1 - draft_n_accepted)``). Ratios are against ``plain``.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py [--max-tokens 128] [--repeats 3]
+
+``--concurrent`` measures the server at concurrency instead: clients sending together (mixes
+``4edit``: four edit clients, ``2edit2prose``, ``8prose``), the plain server against the lookup server
+(both ``-np 8``), arms alternating mix by mix; reported: aggregate tokens/s over the mix's wall time
+(all clients' completion tokens / the time from the first send to the last answer), best of the
+repeats, the ratio lookup / plain, and the 1-minute load average before the run.
+
+    ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py --concurrent [--max-tokens 96]
 """
 
 from __future__ import annotations
@@ -140,6 +148,47 @@ def request(url: str, prompt: str, max_tokens: int, extra: dict) -> dict:
             "drafted": t.get("draft_n", 0), "accepted": accepted, "text": body["choices"][0]["message"]["content"]}
 
 
+MIXES = {"4edit": ["edit-paragraph", "edit-code", "code-rename", "code-loops"],
+         "2edit2prose": ["edit-paragraph", "code-rename", "prose-story", "prose-explain"],
+         "8prose": ["prose-story", "prose-explain"] * 4}
+
+
+def concurrent(args, model_args) -> int:
+    """The ``--concurrent`` mode (module docstring)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    spec_args = ["--spec-type", "ngram-simple"] + (["--spec-ngram-simple-size-m", str(args.block)] if args.block else [])
+    plain = ServerProcess(*model_args, "-c", "8192", "-np", "8", timeout=600)
+    spec = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600)
+    urls = {"plain": plain.url, "lookup": spec.url}
+    best: dict[tuple[str, str], float] = {}
+    load = os.getloadavg()[0]
+    try:
+        for url in urls.values():
+            request(url, "Hello", 8, {})
+        for rep in range(args.repeats):
+            for mix, names in MIXES.items():
+                for arm in (("plain", "lookup") if rep % 2 == 0 else ("lookup", "plain")):
+                    t0 = time.perf_counter()
+                    with ThreadPoolExecutor(len(names)) as pool:
+                        results = list(pool.map(lambda n: request(urls[arm], WORKLOADS[n], args.max_tokens, {}),
+                                                names))
+                    tps = sum(r["n"] for r in results) / (time.perf_counter() - t0)
+                    best[(mix, arm)] = max(best.get((mix, arm), 0.0), tps)
+                    print(f"  rep {rep} {mix:12s} {arm:7s} aggregate {tps:6.1f} tok/s", file=sys.stderr)
+    finally:
+        plain.stop()
+        spec.stop()
+    print(f"SmolLM2-135M-Instruct (or -m), greedy, {args.max_tokens} tokens a client, best of {args.repeats}; "
+          f"load average {load:.2f} before the run\n")
+    print("| mix | clients | plain tok/s | lookup tok/s | lookup / plain |")
+    print("|---|---|---|---|---|")
+    for mix, names in MIXES.items():
+        a, b = best[(mix, "plain")], best[(mix, "lookup")]
+        print(f"| {mix} | {len(names)} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -148,7 +197,11 @@ def main() -> int:
     ap.add_argument("-m", "--model", default=None, help="model for both servers (default: the built-in SmolLM2)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of the workloads")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of plain,lookup,opt-out")
+    ap.add_argument("--concurrent", action="store_true", help="clients sending together (module docstring)")
     args = ap.parse_args()
+    if args.concurrent:
+        os.environ.setdefault("MLXCEL_LOG", "warning")
+        return concurrent(args, ["-m", args.model] if args.model else [])
     workloads = {name: WORKLOADS[name] for name in args.workloads.split(",")}
     arm_names = tuple(a for a in ARMS if a in args.arms.split(","))
     model_args = ["-m", args.model] if args.model else []

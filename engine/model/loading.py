@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 from huggingface_hub import hf_hub_download, snapshot_download
 from huggingface_hub.errors import LocalEntryNotFoundError
 from mlx.utils import tree_flatten
@@ -74,13 +75,16 @@ def load_model(
     hf_repo: str | None = None,
     hf_file: str | None = None,
     check_config: Callable[[Path, dict], None] | None = None,
+    shard: Callable[[nn.Module], None] | None = None,
 ) -> LoadedModel:
     """Load a model for inference. ``model`` is a GGUF file or an MLX/HF directory; with
     neither ``model`` nor ``hf_repo`` the built-in default model is loaded.
 
     ``check_config(path, config)`` sees a directory's config.json before anything else is read
     and raises to refuse it; the drafter registry passes one that refuses drafter-only
-    checkpoints (``mlxcel.drafters.registry.load_target``)."""
+    checkpoints (``mlxcel.drafters.registry.load_target``). ``shard(model)`` cuts the model into
+    this rank's part (``engine.distributed.sharding``) before the device's graph changes; a
+    directory is then loaded lazily, so only the shard's weights are read."""
     if model is None and hf_repo:
         path = resolve_hf(hf_repo, hf_file)
     elif model is None:
@@ -91,8 +95,11 @@ def load_model(
         raise ModelLoadError(f"model not found: {path}")
     if is_gguf(path):
         loaded = load_gguf(path)
+        if shard is not None:
+            shard(loaded.model)
+            mx.eval(loaded.model.parameters())
     elif path.is_dir():
-        loaded = load_mlx_dir(path, check_config)
+        loaded = load_mlx_dir(path, check_config, shard)
     elif path.suffix == ".gguf":
         raise ModelLoadError(f"{path} is not a GGUF file (bad magic); is it truncated or corrupt?")
     else:
@@ -102,20 +109,23 @@ def load_model(
     return loaded
 
 
-def load_mlx_dir(path: Path, check_config: Callable[[Path, dict], None] | None = None) -> LoadedModel:
+def load_mlx_dir(path: Path, check_config: Callable[[Path, dict], None] | None = None,
+                 shard: Callable[[nn.Module], None] | None = None) -> LoadedModel:
     """An MLX or Hugging Face checkpoint directory (config.json + safetensors + tokenizer), via mlx-lm."""
     config = read_config_json(path, f"{path} has no config.json; not a model directory")
     refuse_encoder_only(config.get("model_type"), str(path), gguf=False)
     if check_config is not None:
         check_config(path, config)
     try:
-        model, tokenizer = mlx_lm_load(str(path))
+        model, tokenizer = mlx_lm_load(str(path), lazy=shard is not None)
     except ValueError as exc:  # mlx-lm: "Model type X not supported."
         raise ModelLoadError(f"unsupported architecture in {path}: {exc}") from exc
     except FileNotFoundError as exc:
         raise ModelLoadError(f"incomplete model directory {path}: {exc}") from exc
     except Exception as exc:
         raise ModelLoadError(f"could not load {path}: {type(exc).__name__}: {exc}") from exc
+    if shard is not None:
+        shard(model)
     apply_weight_policy(model)
     return LoadedModel(
         model=model,

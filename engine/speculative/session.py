@@ -51,7 +51,14 @@ from mlxcel.engine.speculative.acceptance import SYNTHETIC, select_rule
 from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures, prefill_with_features
-from mlxcel.engine.speculative.verify import RoundResult, verify_round
+from mlxcel.engine.speculative.verify import (
+    PreparedRound,
+    RoundResult,
+    decide_round,
+    observe_round,
+    prepare_round,
+    verify_round,
+)
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +248,29 @@ class SpeculativeSession:
         return verify_round(model, cache, chain, self.drafter, sequence, rule=self.rule, k=self.block(remaining),
                             seed=self.seed, diagnostics=self.diagnostics, synth_probs=self.synth_probs,
                             grammar=self.grammar)
+
+    @property
+    def batchable(self) -> bool:
+        """Whether this session's rounds can be scored in a forward shared with other rows
+        (``decode.ragged``): its drafter does not read the target's hidden states or cache (a model
+        drafter's block width is gated by the exactness probe and needs the forward's features)."""
+        return self.model_drafter is None
+
+    def prepare(self, sequence: Sequence[int], remaining: int) -> PreparedRound:
+        """The first half of a batched round (:attr:`batchable` sessions): the proposal and the block
+        to forward. The caller forwards ``block`` with the other rows and calls :meth:`decide`."""
+        return prepare_round(self.drafter, sequence, self.block(remaining), self.grammar)
+
+    def decide(self, prep: PreparedRound, logits: mx.array, chain: SamplerChain, sequence: Sequence[int],
+               rewind) -> RoundResult:
+        """The second half: the rule over the block's rows ``logits`` (``[len(prep.block), V]``),
+        ``rewind(n)`` dropping the ``n`` rejected positions from the row's cache, the drafter told.
+        The decision is ``verify_round``'s own (``verify.decide_round``)."""
+        result = decide_round(prep, logits, chain, self.drafter, sequence, rule=self.rule, seed=self.seed,
+                              diagnostics=self.diagnostics, synth_probs=self.synth_probs, grammar=self.grammar)
+        rewind(len(prep.block) - (result.accepted + 1))
+        observe_round(self.drafter, prep, sequence, result)
+        return result
 
     def record(self, result: RoundResult, used: int | None = None) -> int:
         """Count ``result``, of which ``used`` emitted tokens were kept; return the accepted drafts counted."""

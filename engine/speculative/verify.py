@@ -124,20 +124,11 @@ def verify_round(
     model_drafter = drafter if isinstance(drafter, ModelDrafter) else None
     if model_drafter is not None and model_drafter.reads_target_cache and k > 0:
         model_drafter.read_target_cache(cache)
-    proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
-    proposed = [int(t) for t in proposal.tokens]
-    if len(proposed) > k:
-        raise ValueError(f"the drafter proposed {len(proposed)} tokens for a block of {k}")
-    drafts, q, forbidden_q = proposed, proposal.q, None
-    if grammar is not None and proposed:
-        n = grammar.admissible(proposed)
-        if n < len(proposed):  # drafts[n] is forbidden: rejected without a forward
-            drafts = proposed[:n]
-            if q is not None:
-                forbidden_q, q = q[n], q[:n]
-    position = len(sequence)
+    prep = prepare_round(drafter, sequence, k, grammar)
+    proposal, drafts, q, forbidden_q = prep.proposal, prep.drafts, prep.q, prep.forbidden_q
+    position = prep.position
     layers = tuple(model_drafter.feature_layers) if model_drafter is not None else None
-    block = [int(sequence[-1]), *drafts]
+    block = prep.block
     if block_exact is None:
         block_exact = True
         if drafts and model_drafter is not None and model_drafter.probe_gated:
@@ -146,7 +137,6 @@ def verify_round(
             block_exact = all(block_verdict(model, w, vocab_size=chain.vocab_size).exact for w in widths)
 
     tape = None
-    cut = len(proposed) - len(drafts)
     if block_exact or not drafts:
         # a cache with recurrent layers records what it needs to be cut back to the kept prefix
         tape = StateTape.for_cache(model, cache) if drafts else None
@@ -164,14 +154,8 @@ def verify_round(
         outcome, p, features, forwarded, allowed = _chain_verify(model, cache, chain, rule, sequence, drafts, q, seed,
                                                                  position, layers, grammar, forbidden_q)
         logits = features.logits
-    if cut and outcome.accepted == len(drafts) and outcome.tested == len(drafts):
-        outcome = ChainOutcome(outcome.accepted, outcome.emitted, outcome.tested + 1)  # the cut draft was rejected
-
-    result = RoundResult(outcome.emitted, len(proposed), outcome.accepted, outcome.tested if proposed else 0,
-                         chain_verified=not block_exact and bool(drafts), logits=logits, grammar_cut=cut)
-    if diagnostics and result.tested:
-        _diagnose(result, rule, chain, logits, sequence, proposed, p, proposal.q, drafter, seed, position, outcome,
-                  allowed)
+    result = _result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics,
+                     chain_verified=not block_exact and bool(drafts))
 
     kept = outcome.accepted + 1  # the pending token and the accepted drafts
     rewind(cache, forwarded - kept, tape)
@@ -179,6 +163,73 @@ def verify_round(
         result.kept_features = features.rows(0, kept)
         model_drafter.observe_target(result.kept_features)
     drafter.observe([*sequence, *outcome.emitted], proposal, outcome.accepted)
+    return result
+
+
+@dataclass
+class PreparedRound:
+    """A round before its forward: the drafter's proposal, cut where a grammar forbids a draft, and
+    the block the target scores (``[pending, *drafts]``, the first at absolute ``position``)."""
+
+    proposal: Proposal
+    proposed: list[int]  # every drafted token (a cut draft included)
+    drafts: list[int]  # what the forward scores
+    q: mx.array | None
+    forbidden_q: mx.array | None  # the q row of the cut draft
+    block: list[int]
+    position: int
+
+    @property
+    def cut(self) -> int:
+        return len(self.proposed) - len(self.drafts)
+
+
+def prepare_round(drafter: Drafter, sequence: Sequence[int], k: int,
+                  grammar: GrammarMatcher | None = None) -> PreparedRound:
+    """Step 1 of a round: ask ``drafter`` for up to ``k`` drafts after ``sequence`` and cut them at
+    the first one ``grammar`` forbids (module docstring)."""
+    proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
+    proposed = [int(t) for t in proposal.tokens]
+    if len(proposed) > k:
+        raise ValueError(f"the drafter proposed {len(proposed)} tokens for a block of {k}")
+    drafts, q, forbidden_q = proposed, proposal.q, None
+    if grammar is not None and proposed:
+        n = grammar.admissible(proposed)
+        if n < len(proposed):  # drafts[n] is forbidden: rejected without a forward
+            drafts = proposed[:n]
+            if q is not None:
+                forbidden_q, q = q[n], q[:n]
+    return PreparedRound(proposal, proposed, drafts, q, forbidden_q, [int(sequence[-1]), *drafts], len(sequence))
+
+
+def decide_round(prep: PreparedRound, logits: mx.array, chain: SamplerChain, drafter: Drafter,
+                 sequence: Sequence[int], *, rule: str, seed: int, diagnostics: bool = False,
+                 synth_probs: Sequence[float] = (), grammar: GrammarMatcher | None = None) -> RoundResult:
+    """Steps 3-4 for a block scored elsewhere (a batched forward): ``logits`` are the target's rows
+    ``[len(prep.block), V]`` for ``prep.block``. The same decision ``verify_round`` makes on its own
+    forward's rows; the caller then drops ``len(prep.block) - (accepted + 1)`` tokens from the cache
+    and tells the drafter (:func:`observe_round`)."""
+    allowed = allowed_rows(grammar.masks(prep.drafts), logits.shape[-1]) if grammar is not None else None
+    outcome, p = _decide(rule, chain, logits, sequence, prep.drafts, prep.q, seed, prep.position, synth_probs,
+                         allowed, prep.forbidden_q)
+    return _result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics)
+
+
+def observe_round(drafter: Drafter, prep: PreparedRound, sequence: Sequence[int], result: RoundResult) -> None:
+    """Step 5's drafter half: tell the drafter what the round emitted."""
+    drafter.observe([*sequence, *result.emitted], prep.proposal, result.accepted)
+
+
+def _result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics,
+            chain_verified=False) -> RoundResult:
+    drafts, proposed = prep.drafts, prep.proposed
+    if prep.cut and outcome.accepted == len(drafts) and outcome.tested == len(drafts):
+        outcome = ChainOutcome(outcome.accepted, outcome.emitted, outcome.tested + 1)  # the cut draft was rejected
+    result = RoundResult(outcome.emitted, len(proposed), outcome.accepted, outcome.tested if proposed else 0,
+                         chain_verified=chain_verified, logits=logits, grammar_cut=prep.cut)
+    if diagnostics and result.tested:
+        _diagnose(result, rule, chain, logits, sequence, proposed, p, prep.proposal.q, drafter, seed, prep.position,
+                  outcome, allowed)
     return result
 
 

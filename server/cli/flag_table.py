@@ -132,8 +132,13 @@ FLAGS: list[Flag] = [
     F("-ncmoe --n-cpu-moe", "ignored", "N", note=GPU, env="LLAMA_ARG_N_CPU_MOE"),
     F("-ncffn --n-cpu-ffn", "ignored", "N", note=GPU, env="LLAMA_ARG_N_CPU_FFN"),
     F("-ngl --gpu-layers --n-gpu-layers", "ignored", "N", note=GPU, env="LLAMA_ARG_N_GPU_LAYERS"),
-    F("-sm --split-mode", "ignored", "{none,layer,row,tensor}", note=GPU, env="LLAMA_ARG_SPLIT_MODE"),
-    F("-ts --tensor-split", "ignored", "N0,N1,N2,...", note=GPU, env="LLAMA_ARG_TENSOR_SPLIT"),
+    F("-sm --split-mode", "divergent", "{none,layer,row,tensor}", dest="split_mode", env="LLAMA_ARG_SPLIT_MODE",
+      note="splits the model across the ranks of mlx.launch, not across GPUs: row/tensor (the default there) is "
+           "mlx-lm's tensor parallelism, layer its pipeline parallelism; ignored in a single process "
+           "(docs/distributed.md)"),
+    F("-ts --tensor-split", "divergent", "N0,N1,N2,...", dest="tensor_split", env="LLAMA_ARG_TENSOR_SPLIT",
+      note="proportions per rank of mlx.launch, not per GPU: layers per rank with --split-mode layer; "
+           "row splits evenly, so only equal proportions; ignored in a single process"),
     F("-mg --main-gpu", "ignored", "INDEX", note=GPU, env="LLAMA_ARG_MAIN_GPU"),
     F("-fit --fit", "ignored", "[on|off]", optional_value=True, note=GPU, env="LLAMA_ARG_FIT"),
     F("-fitt --fit-target", "ignored", "MiB0,MiB1,MiB2,...", note=GPU, env="LLAMA_ARG_FIT_TARGET"),

@@ -14,13 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-from mlxcel.drafters.loading import load_target
 from mlxcel.engine.decode.plain import generate_tokens
 from mlxcel.engine.errors import PromptError
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, new_matcher
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.sampling.random_keys import resolve_seed
+from mlxcel.server.cli.generate_distributed import add_distributed_args, load_generate_target
 from mlxcel.server.cli.generate_grammar import add_grammar_args, read_grammar
 from mlxcel.server.cli.generate_output import TextOut, format_summary, make_cache, max_new_tokens
 from mlxcel.server.cli.generate_speculative import add_speculative_args, check_speculative_args, run_speculative
@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 def build_parser() -> CliArgumentParser:
     parser = add_arguments(CliArgumentParser(prog="mlxcel generate", description="Generate text from a prompt."))
-    return add_speculative_args(add_grammar_args(parser))
+    return add_distributed_args(add_speculative_args(add_grammar_args(parser)))
 
 
 def validate(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     """Load, encode, decode, summarise. Speculative paths branch from here."""
     text = read_prompt(args)  # before loading: a bad prompt fails fast
     start = time.perf_counter()
-    loaded = load_target(args.model, hf_repo=args.hf_repo, hf_file=args.hf_file)
+    loaded = load_generate_target(args, getattr(args, "argv", []))
     log.info("loaded %s (%s) from %s in %.2f s", loaded.name, loaded.source, loaded.path,
              time.perf_counter() - start)
     prompt = encode_prompt(loaded, text, use_chat_template=not args.no_chat_template)
@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str]) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv)
     validate(parser, args)
     args.grammar_spec = read_grammar(parser, args)
     check_speculative_args(parser, args)

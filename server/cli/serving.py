@@ -11,13 +11,16 @@ import sys
 
 import uvicorn
 
+from mlxcel.engine.distributed.world import DistributedError, world
 from mlxcel.engine.platform.device import set_cpu_threads
+from mlxcel.server.cli import follower
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
 from mlxcel.server.cli.listen import bind, hosts
 from mlxcel.server.http.app import create_app
 from mlxcel.server.router import options
 from mlxcel.server.router.app import RouterSetupError, create_router_app
 from mlxcel.server.runtime.config import ArgumentError, ServerConfig
+from mlxcel.server.runtime.distributed_setup import refusals
 from mlxcel.server.tools.registry import ToolsSetupError
 
 log = logging.getLogger("mlxcel.server")
@@ -94,6 +97,12 @@ def run(config: ServerConfig) -> int:
             log.info("-t %d: neither OpenBLAS nor the CPU kernels are loaded in this process; nothing to set",
                      config.threads)
 
+    group = _distributed_group(config)
+    if isinstance(group, int):
+        return group
+    if group is not None and group.rank() != 0:
+        return _run_follower(config, group)
+
     _Server = _server_class()
     try:
         app = _router_app(config) if config.router else create_app(config)
@@ -138,6 +147,33 @@ def run(config: ServerConfig) -> int:
         print(f"error: {failed[0]}", file=sys.stderr)
     _exit_now(1 if failed else 0)
     return 1 if failed else 0  # not reached
+
+
+def _distributed_group(config: ServerConfig):
+    """The mlx.launch group (None in a single process), or the exit status of a refusal."""
+    try:
+        group = world()
+    except DistributedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if group is None:
+        return None
+    reason = refusals(config)
+    if reason is not None:
+        print(f"error: {reason}", file=sys.stderr)
+        return 2
+    log.info("distributed: rank %d of %d, pid %d", group.rank(), group.size(), os.getpid())
+    return group
+
+
+def _run_follower(config: ServerConfig, group) -> int:
+    try:
+        code = follower.run(config, group)
+    except Exception as exc:  # a load failure or a failed agreement: every rank says why
+        print(f"error: rank {group.rank()}: {exc}", file=sys.stderr)
+        code = 1
+    _exit_now(code)
+    return code  # not reached
 
 
 def _exit_now(code: int) -> None:

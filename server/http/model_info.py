@@ -93,6 +93,9 @@ def slot_json(slot: Slot, default: GenerationOptions, speculative: bool = False)
     body = {"id": slot.id, "n_ctx": slot.n_ctx, "speculative": speculative, "is_processing": slot.busy}
     run = slot.run
     if run is not None:
+        step = run.last_step
+        if step is not None:  # the row's last shared verify forward: its rows and tokens, this row's drafts
+            body["speculative_step"] = dict(step)
         info = {"id_task": run.task.id, "n_prompt_tokens": len(run.prompt),
                 "n_prompt_tokens_processed": run.n_past - run.cache_n, "n_prompt_tokens_cache": run.cache_n,
                 "options": run.opts, "n_decoded": len(run.generated), "has_new_line": "\n" in run.text}

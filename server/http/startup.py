@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 from collections.abc import Callable
 
 from mlx.utils import tree_flatten
 
 from mlxcel.drafters.loading import load_target
+from mlxcel.engine.distributed.world import world
 from mlxcel.engine.model.fim_tokens import model_fim_tokens
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.grammar import special_token_ids
@@ -23,7 +26,9 @@ from mlxcel.server.http.template_caps import probe_template
 from mlxcel.server.http.token_text import TokenText
 from mlxcel.server.http.tool_calls import call_syntax
 from mlxcel.server.runtime.config import ServerConfig
+from mlxcel.server.runtime.distributed_setup import load_shard
 from mlxcel.server.runtime.embedder import Embedder
+from mlxcel.server.runtime.lockstep import Leader
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.speculation import Speculation
 from mlxcel.server.runtime.speculation_settings import resolve
@@ -40,8 +45,13 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     """Load everything ``state.config`` asks for and start the scheduler (``state.ready`` after).
     ``loader()`` replaces loading the configured model (tests)."""
     config = state.config
-    loaded = loader() if loader is not None else load_target(config.model, hf_repo=config.hf_repo,
-                                                             hf_file=config.hf_file)
+    group = world()  # several ranks under mlx.launch: this is rank 0 (runtime/lockstep.py)
+    if loader is not None:
+        loaded = loader()
+    elif group is not None:
+        loaded = load_shard(config, group)
+    else:
+        loaded = load_target(config.model, hf_repo=config.hf_repo, hf_file=config.hf_file)
     template_src = config.chat_template
     if config.chat_template_file:
         with open(config.chat_template_file, encoding="utf-8") as f:
@@ -78,15 +88,22 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     speculation = Speculation.load(settings, loaded, config.ubatch_size) if settings is not None else None
     if settings is not None:
         state.defaults.speculative_types = f"none,{settings.spec_type}"
-    scheduler = Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, unified_kv=config.unified_kv,
-                          n_batch=config.batch_size,
-                          n_ubatch=config.ubatch_size, metrics=state.metrics, max_queue=state.limits.max_queue,
-                          slot_prompt_similarity=config.slot_prompt_similarity, speculation=speculation,
-                          context_shift=config.context_shift,
-                          timeout=float(config.timeout))
+    scheduler = build_scheduler(config, loaded, speculation, metrics=state.metrics, max_queue=state.limits.max_queue)
+    if group is not None:
+        scheduler.lockstep = Leader(group, on_lost=lambda: os.kill(os.getpid(), signal.SIGTERM))
+        scheduler.lockstep.watch(scheduler)
     scheduler.start()
     state.scheduler = scheduler
     log.info("model %s loaded; %d slots, n_ctx %d", state.model_name, len(scheduler.slots), scheduler.n_ctx)
+
+
+def build_scheduler(config: ServerConfig, loaded: LoadedModel, speculation: Speculation | None, *,
+                    metrics=None, max_queue: int = 256) -> Scheduler:
+    """The scheduler the flags ask for (every rank of a distributed server builds the same one)."""
+    return Scheduler(loaded, n_slots=config.n_slots, n_ctx=config.ctx_size, unified_kv=config.unified_kv,
+                     n_batch=config.batch_size, n_ubatch=config.ubatch_size, metrics=metrics, max_queue=max_queue,
+                     slot_prompt_similarity=config.slot_prompt_similarity, speculation=speculation,
+                     context_shift=config.context_shift, timeout=float(config.timeout))
 
 
 def template_kwargs(config: ServerConfig) -> dict:

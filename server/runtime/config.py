@@ -101,6 +101,8 @@ class ServerConfig:
     slot_save_path: str | None = None  # --slot-save-path: where POST /slots/:id saves and restores
     static_path: str | None = None  # --path: serve this directory's files at / instead of the web page
     ui: bool = True  # --ui / --no-ui: the web page at /
+    split_mode: str | None = None  # -sm: across mlx.launch's ranks, row (tensor parallel) or layer (pipeline)
+    tensor_split: str | None = None  # -ts: proportions per rank
     embeddings: bool = False  # --embeddings: the embedding routes
     reranking: bool = False  # --reranking: the rerank routes (rank pooling)
     pooling: str | None = None  # --pooling; None: the model's own

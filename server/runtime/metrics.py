@@ -23,7 +23,13 @@ class Metrics:
     drafts_total: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts per block position
     per_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [rounds, drafted, accepted]
-    declined: dict[str, int] = field(default_factory=dict)  # reason -> requests the server did not speculate
+    declined: dict[str, int] = field(default_factory=dict)
+    # the speculating rows' shared verify forwards (scheduler._verify_batch): iterations, rows, tokens, accepted
+    verify_steps_total: int = 0
+    verify_rows_total: int = 0
+    verify_tokens_total: int = 0
+    verify_accepted_total: int = 0
+    last_step: tuple[int, int, int] = (0, 0, 0)  # the last one's rows, tokens in the forward, drafts accepted  # reason -> requests the server did not speculate
     # the throughput gauges' window, as upstream's buckets: [steps, seconds] since the last scrape
     # (each GET /metrics resets them); generation steps leave out each request's first token
     prompt_bucket: list[float] = field(default_factory=lambda: [0, 0.0])
@@ -66,6 +72,14 @@ class Metrics:
         """Start a new window for the throughput gauges (upstream does it on every scrape)."""
         self.prompt_bucket = [0, 0.0]
         self.predict_bucket = [0, 0.0]
+
+    def record_step(self, rows: int, tokens: int, accepted: int) -> None:
+        """One iteration's shared verify forward: its rows, the tokens it carried, the drafts accepted."""
+        self.verify_steps_total += 1
+        self.verify_rows_total += rows
+        self.verify_tokens_total += tokens
+        self.verify_accepted_total += accepted
+        self.last_step = (rows, tokens, accepted)
 
     def record_decode(self, rows: int) -> None:
         self.n_decode_total += 1
@@ -125,6 +139,24 @@ class Metrics:
             out.append(f"# TYPE mlxcel:{name} counter")
             for kind, totals in sorted(self.per_kind.items()):
                 out.append(f'mlxcel:{name}{{draft_kind="{kind}"}} {totals[col]}')
+        for name, help_text, value in (
+                ("verify_steps_total", "Speculative: iterations whose speculating rows shared one verify forward",
+                 self.verify_steps_total),
+                ("verify_rows_total", "Speculative: rows in those forwards, summed", self.verify_rows_total),
+                ("verify_tokens_total", "Speculative: tokens those forwards carried (pending + drafts), summed",
+                 self.verify_tokens_total),
+                ("verify_accepted_total", "Speculative: drafts accepted in those forwards", self.verify_accepted_total)):
+            out.append(f"# HELP mlxcel:{name} {help_text}")
+            out.append(f"# TYPE mlxcel:{name} counter")
+            out.append(f"mlxcel:{name} {value}")
+        rows_, tokens_, accepted_ = self.last_step
+        for name, help_text, value in (
+                ("verify_step_rows", "Speculative: rows in the last shared verify forward", rows_),
+                ("verify_step_tokens", "Speculative: tokens in the last shared verify forward", tokens_),
+                ("verify_step_accepted", "Speculative: drafts accepted in the last shared verify forward", accepted_)):
+            out.append(f"# HELP mlxcel:{name} {help_text}")
+            out.append(f"# TYPE mlxcel:{name} gauge")
+            out.append(f"mlxcel:{name} {value}")
         if self.declined:
             name = "spec_decode_declined_total"
             out.append(f"# HELP mlxcel:{name} Speculative: requests decoded plainly although a drafter is loaded, "

@@ -11,20 +11,24 @@ it is never blocked by model work. The engine thread runs continuous batching ov
         prefill: one chunk (<= --ubatch-size tokens) for each prefilling slot, <= --batch-size in all
         decode: one batched forward for every plain decoding row, then each row samples with its own chain
                 (the grammar masks of the constrained rows computed together, off the GIL, while the
-                forward runs); then one verify round for each speculating row
+                forward runs); then one shared verify forward for every speculating row (below)
 
 A task whose prompt is fully prefilled samples its first token from the prefill logits and joins
 the decode batch before the next step, so new requests join between steps without waiting for the
 running ones to finish.
 
-Speculating rows (a server with a drafter, see ``speculation``) never join the decode batch: each
-keeps its own single-sequence cache, and each tick runs one round of its ``SpeculativeSession`` on it
-(one target forward over ``[pending, drafts...]``, or a plain one-token step when its drafter has
-nothing worth verifying). Rejected drafts are rewound on that cache alone, which is exact; inside
-mlx-lm's batch caches a per-row rewind would mean rolling every row's whole KV history each round
-(measured: 15-55 ms per round on SmolLM2 here, as much as a forward). Plain rows therefore run
-exactly the batched forward they run on a server without a drafter, and nothing a speculating row
-does reaches another row's cache.
+Speculating rows (a server with a drafter, see ``speculation``) never join the plain decode batch.
+A row whose drafter proposes from tokens alone (prompt lookup, a draft model) and whose cache is
+plain attention joins the ragged batch (``engine.decode.ragged``) instead: each iteration every such
+row proposes its own block (``SpeculativeSession.prepare``), one target forward carries all of them
+(``StepPlan``: per row ``[pending, drafts...]`` at the row's own positions; a row with nothing to
+propose brings its one pending token), each row's rule decides on its own logits rows
+(``SpeculativeSession.decide``, the decision a round alone makes) and the row drops its own rejected
+tail, in O(1) (inside mlx-lm's left-padded batch caches that per-row rewind would mean moving the
+row's whole KV history, measured at 15-55 ms per round on SmolLM2 here). Rows of model-based drafters
+(which read the target's hidden states, and whose block width the exactness probe gates), and rows
+on sliding-window, quantized or recurrent caches, keep their own cache and run one verify round each
+(``_speculate``), as before. Nothing a speculating row does reaches another row's cache.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import mlx.core as mx
 
 from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
 from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
+from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan, joinable
 from mlxcel.engine.decode.recurrent import has_recurrent_state
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.chain import SamplerChain
@@ -91,8 +96,11 @@ class Scheduler:
         self._pending: deque[Task] = deque()
         self._jobs: deque[Job] = deque()
         self._batch = DecodeBatch(loaded.model)
+        self._ragged = RaggedBatch(loaded.model)  # the speculating rows verified together
+        self.last_step: dict[str, int] = {}  # the last iteration's ragged forward (metrics, /slots)
         self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
         self.faults = FaultPlan.from_env()
+        self.lockstep = None  # serving across ranks: runtime/lockstep.py's Leader or Follower
         self._stopping = False
         self._draining = False  # set from a signal handler: plain attribute writes only
         self._thread = threading.Thread(target=self._run, name="mlxcel-engine", daemon=True)
@@ -182,8 +190,11 @@ class Scheduler:
         return bool(self._pending) or bool(self._jobs) or any(s.busy for s in self.slots)
 
     def _iteration(self) -> None:
-        self._drain(block=not self._has_work())
-        self._drop_ended()
+        if self.lockstep is None or self.lockstep.leads:
+            self._drain(block=not self._has_work())
+            self._drop_ended()
+        if self.lockstep is not None:  # the iteration's inputs, from rank 0 to every rank (lockstep.py)
+            self.lockstep.step(self)
         self._run_jobs()
         self._assign()
         self._prefill()
@@ -352,6 +363,9 @@ class Scheduler:
                     run.features = [features] if features is not None else None
                     run.spec = self.speculation.start(run.opts, run.prompt + run.generated, run.seed, features,
                                                       grammar=run.grammar)
+                    if run.spec.batchable and joinable(slot.cache):
+                        self._ragged.add(slot.id, slot.cache)  # verified with the other rows (decode.ragged)
+                        slot.cache = None
                 else:
                     if run.wants_spec:
                         self.metrics.record_declined(DECLINED_CACHE)
@@ -371,8 +385,11 @@ class Scheduler:
 
     def _decode(self) -> None:
         self._decode_batch()
+        self._verify_batch()
         for slot in self.slots:
             run = slot.run
+            if slot.id in self._ragged:
+                continue
             if run is not None and run.spec is not None and not run.prefilling and not run.done:
                 if not self._room(1):
                     return
@@ -392,6 +409,7 @@ class Scheduler:
         for slot in busy:
             slot.run.task.sink(Failed(exceeded()))
         self._batch = DecodeBatch(self.lm.model)  # every row in it is gone
+        self._ragged = RaggedBatch(self.lm.model)
         for slot in busy:
             slot.cache, slot.tokens, slot.run = None, [], None
         return False
@@ -402,22 +420,94 @@ class Scheduler:
         try:
             result = spec.round(self.lm.model, slot.cache, run.round_chain(), run.prompt + run.generated,
                                 run.round_room())
-            now = time.perf_counter()
-            used = 0
-            for i, token in enumerate(result.emitted):  # the accepted drafts, then the target's own token
-                run.accept(token, now, drafted=i < result.accepted)
-                used += 1
-                if run.done:
-                    break
-            accepted = spec.record(result, used)
-            self.metrics.record_round(spec.counters.kind, result.proposed, accepted)
-            if run.features is not None and result.kept_features is not None:
-                run.features.append(result.kept_features.compact())
+            self._emit(run, result)
         except Exception as exc:
             log.exception("verify round failed in slot %d", slot.id)
             run.fail(_as_api_error(exc))
         if run.done:
             self._release(slot, send=not run.task_failed)
+
+    def _emit(self, run: SlotRun, result) -> int:
+        """Stream a round's tokens (the accepted drafts, then the target's own) up to where the run
+        stops; count the round. Returns the accepted drafts counted."""
+        spec = run.spec
+        now = time.perf_counter()
+        used = 0
+        for i, token in enumerate(result.emitted):
+            run.accept(token, now, drafted=i < result.accepted)
+            used += 1
+            if run.done:
+                break
+        accepted = spec.record(result, used)
+        self.metrics.record_round(spec.counters.kind, result.proposed, accepted)
+        if run.features is not None and result.kept_features is not None:
+            run.features.append(result.kept_features.compact())
+        return accepted
+
+    def _verify_batch(self) -> None:
+        """One verify round for every row of the ragged batch, all blocks in one target forward
+        (``decode.ragged``): each row proposes its own block, the forward carries every block at its
+        row's own positions, then each row's rule decides on its own rows and the row's cache drops
+        its own rejected tail. The decisions are the ones a round alone makes
+        (``SpeculativeSession.decide``)."""
+        for row in list(self._ragged.rows):
+            slot = self.slots[row]
+            if slot.run is not None and slot.run.context_full():
+                self._shift(slot)  # decodes plainly from now on
+        if not len(self._ragged):
+            return
+        if not self._room(len(self._ragged)):
+            return
+        plan, preps = StepPlan(), {}
+        for row in list(self._ragged.rows):
+            slot = self.slots[row]
+            run = slot.run
+            try:
+                preps[row] = run.spec.prepare(run.prompt + run.generated, run.round_room())
+            except Exception as exc:
+                log.exception("drafting failed in slot %d", row)
+                run.fail(_as_api_error(exc))
+                self._release(slot, send=False)
+        for row in self._ragged.rows:
+            plan.add(row, preps[row].block, self._ragged.length(row))
+        if not len(plan):
+            return
+        runs = [self.slots[r].run for r in plan.rows]
+        try:
+            if any(run.fault == "forward" for run in runs):
+                inject_fault("forward")
+            logits = self._ragged.forward(plan)
+            mx.eval(logits)
+        except Exception as exc:
+            log.exception("batched verify forward failed; failing its %d rows", len(plan))
+            error = _as_api_error(exc)
+            for row, run in zip(plan.rows, runs):
+                run.task.sink(Failed(error))
+                slot = self.slots[row]
+                slot.cache, slot.tokens, slot.run = None, [], None
+            self._ragged = RaggedBatch(self.lm.model)
+            return
+        accepted_total = 0
+        finished = []
+        for j, (row, run) in enumerate(zip(plan.rows, runs)):
+            prep = preps[row]
+            try:
+                result = run.spec.decide(prep, logits[j], run.round_chain(),
+                                         run.prompt + run.generated, lambda n, row=row: self._ragged.rewind(row, n))
+                accepted = self._emit(run, result)
+                accepted_total += accepted
+                run.last_step = {"rows": len(plan), "tokens": plan.n_tokens, "drafted": result.proposed,
+                                 "accepted": accepted}
+            except Exception as exc:
+                log.exception("verify round failed in slot %d", row)
+                run.fail(_as_api_error(exc))
+            if run.done:
+                finished.append(row)
+        self.last_step = {"rows": len(plan), "tokens": plan.n_tokens, "width": plan.width,
+                          "draft_accepted": accepted_total}
+        self.metrics.record_step(len(plan), plan.n_tokens, accepted_total)
+        for row in finished:
+            self._release(self.slots[row], send=not self.slots[row].run.task_failed)
 
     def _shift(self, slot: Slot) -> None:
         """--context-shift for a row whose context is full: drop tokens as upstream chooses them
@@ -430,6 +520,8 @@ class Scheduler:
         try:
             if slot.id in self._batch:
                 self._batch.remove([slot.id])
+            if slot.id in self._ragged:
+                self._ragged.remove([slot.id])
             if run.spec is not None:
                 run.spec_ended, run.spec = run.spec, None
             run.features = None
@@ -507,6 +599,8 @@ class Scheduler:
         run = slot.run
         if slot.id in self._batch:
             slot.cache = self._batch.remove([slot.id])[slot.id]
+        if slot.id in self._ragged:
+            slot.cache = self._ragged.remove([slot.id])[slot.id]
         slot.tokens = run.cached_tokens()
         if slot.cache is not None and run.spec is not None:
             # a verify round may have forwarded tokens past where the request stopped
@@ -548,6 +642,12 @@ class Scheduler:
         except Exception:
             log.exception("could not remove slot %d from the batch", slot.id)
             self._batch = DecodeBatch(self.lm.model)
+        try:
+            if slot.id in self._ragged:
+                self._ragged.remove([slot.id])
+        except Exception:
+            log.exception("could not remove slot %d from the ragged batch", slot.id)
+            self._ragged = RaggedBatch(self.lm.model)
         slot.cache, slot.tokens, slot.run = None, [], None
 
 

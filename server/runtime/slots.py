@@ -128,6 +128,7 @@ class SlotRun:
         self.wants_spec = False  # the request speculates once its prefill is done
         self.features: list[TargetFeatures] | None = None  # a model drafter's features of every cached token
         self.spec_ended: SpeculativeSession | None = None  # speculated until a context shift (its counters)
+        self.last_step: dict[str, int] | None = None  # the last shared verify forward it was in (/slots)
         # a constrained request's matcher: advanced over every accepted token; its end ends the request
         self.grammar = grammar
         self.context_shift = context_shift

@@ -34,12 +34,14 @@ def server_env() -> dict:
 
 
 class ServerProcess:
-    """``python -m mlxcel.server.cli ARGS --port P``, waited for until /health is 200."""
+    """``python -m mlxcel.server.cli ARGS --port P``, waited for until /health is 200 (``launcher``:
+    the command that starts it, e.g. ``mlx.launch -n 2 --``)."""
 
-    def __init__(self, *args: str, timeout: float = 180.0, env: dict | None = None, port: int | None = None):
+    def __init__(self, *args: str, timeout: float = 180.0, env: dict | None = None, port: int | None = None,
+                 launcher: tuple[str, ...] = ()):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "mlxcel.server.cli", *args, "--host", "127.0.0.1",
+        cmd = [*launcher, sys.executable, "-m", "mlxcel.server.cli", *args, "--host", "127.0.0.1",
                "--port", str(self.port)]
         self.log_path = Path(os.environ.get("TMPDIR", "/tmp")) / f"mlxcel-server-{self.port}.log"
         self._log = open(self.log_path, "wb")

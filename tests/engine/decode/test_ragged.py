@@ -1,0 +1,91 @@
+"""The ragged batch (engine.decode.ragged) on a tiny real checkpoint: rows of different lengths and
+widths in one forward, each row's own rewind, and rows out again as single-sequence caches."""
+
+from __future__ import annotations
+
+import random
+
+import mlx.core as mx
+import pytest
+import tiny_gguf
+from gguf import GGMLQuantizationType as Q
+
+from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan, joinable
+from mlxcel.engine.model.loading import load_model
+
+rng = random.Random(0)
+CONTEXTS = [[rng.randrange(300) for _ in range(n)] for n in (5, 17, 9)]
+BLOCKS = [[rng.randrange(300) for _ in range(n)] for n in (1, 4, 3)]
+
+
+@pytest.fixture(scope="module")
+def q8(tiny_llama_dir, checkpoints_root):
+    # packed CPU kernels (a real GGUF's path here): rows round the same in any batch
+    return load_model(tiny_gguf.write_gguf(tiny_llama_dir, checkpoints_root / "ragged-q8.gguf",
+                                           tiny_gguf.uniform(Q.Q8_0)))
+
+
+def prefilled(lm, context):
+    cache = lm.make_cache()
+    lm.model(mx.array([context]), cache=cache)
+    return cache
+
+
+def batch_of(lm, rows):
+    batch = RaggedBatch(lm.model)
+    for i in rows:
+        batch.add(i, prefilled(lm, CONTEXTS[i]))
+    return batch
+
+
+def step(batch, blocks):
+    plan = StepPlan()
+    for row, block in zip(batch.rows, blocks):
+        plan.add(row, block, batch.length(row))
+    logits = batch.forward(plan)
+    mx.eval(logits)
+    return logits, plan
+
+
+def test_each_row_of_a_ragged_forward_is_bitwise_what_it_is_alone(q8):
+    together, plan = step(batch_of(q8, [0, 1, 2]), BLOCKS)
+    assert plan.width == 4 and plan.n_tokens == 8 and plan.positions == [5, 17, 9]
+    for i, block in enumerate(BLOCKS):
+        alone, _ = step(batch_of(q8, [i]), [block])
+        assert alone[0].shape[0] == len(block)
+        assert mx.array_equal(alone[0], together[i]).item(), i
+
+
+def test_rows_keep_or_drop_their_own_tails(q8, tiny_llama):
+    for lm, exact in ((q8, True), (tiny_llama, False)):
+        batch = batch_of(lm, [0, 1, 2])
+        step(batch, BLOCKS)
+        batch.rewind(1, 3)  # row 1 keeps one of its four, the others keep all
+        batch.rewind(2, 0)
+        logits, _ = step(batch, [[7], [8], [9]])
+        for i, (keep, nxt) in enumerate(((1, 7), (1, 8), (3, 9))):
+            ref = prefilled(lm, CONTEXTS[i])
+            lm.model(mx.array([BLOCKS[i]]), cache=ref)
+            rewind(ref, len(BLOCKS[i]) - keep)
+            want = lm.model(mx.array([[nxt]]), cache=ref)[0, -1]
+            got = logits[i][0]
+            if exact:
+                assert batch.length(i) == ref[0].offset
+            # the single-sequence path takes other kernels (one-token matmul, fused attention): equal to rounding
+            assert mx.abs(want - got).max().item() < 1e-3 and want.argmax().item() == got.argmax().item()
+        out = batch.remove([1])[1]
+        assert joinable(out) and out[0].offset == len(CONTEXTS[1]) + 1 + 1
+        assert batch.rows == [0, 2] and len(batch) == 2
+        step(batch, [[1, 2], [3]])  # the others go on without it
+
+
+def test_a_plan_must_name_every_row_in_order(q8):
+    batch = batch_of(q8, [0, 1])
+    plan = StepPlan()
+    plan.add(1, [3], batch.length(1))
+    plan.add(0, [3], batch.length(0))
+    with pytest.raises(ValueError):
+        batch.forward(plan)
+    with pytest.raises(ValueError):
+        batch.rewind(0, 100)
