@@ -8,7 +8,12 @@ with the kernels: quantized weights run packed, norms/rope/attention fused) and 
 round scores) on a warm cache of ``--context`` tokens, widths interleaved round by round, median
 of ``--reps``; kernel and OpenBLAS threads ``--threads``.
 
+``--builds NAME=PATH,...`` compares builds of the extension instead (each a ``_qmatmul*.so``, e.g.
+one built from another commit's ``qmatmul_src``): one ``packed`` arm per build, ``--rounds``
+rounds of child processes alternating between the builds, so that load drifts hit every arm alike.
+
     ./scripts/with-blas .venv/bin/python scripts/bench_forward_width.py [-m GGUF] [--threads 1]
+    ./scripts/with-blas .venv/bin/python scripts/bench_forward_width.py --builds base=/tmp/a.so,new=/tmp/b.so
 """
 
 from __future__ import annotations
@@ -24,7 +29,20 @@ import time
 WIDTHS = (1, 2, 4, 8, 16)
 
 
+def use_build(path: str) -> None:
+    """Import the extension from ``path`` in place of the installed one (before anything loads it)."""
+    import importlib.util
+
+    name = "mlxcel.engine.platform._qmatmul"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+
+
 def child(args) -> dict:
+    if args.build:
+        use_build(args.build)
     import mlx.core as mx
 
     from mlxcel.engine.decode.kv_cache import rewind
@@ -34,16 +52,24 @@ def child(args) -> dict:
 
     lm = load_model(args.model)
     qmatmul.set_threads(args.threads)
+    if not hasattr(qmatmul.extension(), "swiglu"):  # a build from before the fused SwiGLU
+        from mlxcel.engine.platform import fused_layers
+
+        for (module, attr), fn in list(fused_layers._originals.items()):
+            if attr == "swiglu":
+                setattr(sys.modules[module], attr, fn)
     text = "The history of computing is a story of abstraction layered on abstraction. " * 20
     prompt = list(lm.tokenizer.encode(text))[: args.context + max(WIDTHS)]
     cache = lm.make_cache()
     mx.eval(prefill(lm.model, prompt[: args.context], cache))
     block = prompt[args.context:]
 
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+
     def once(w: int) -> float:
-        t = time.perf_counter()
+        t = clock()
         mx.eval(lm.model(mx.array(block[:w])[None], cache=cache))
-        dt = time.perf_counter() - t
+        dt = clock() - t
         rewind(cache, w)
         return dt
 
@@ -64,6 +90,11 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--arms", default="packed,f32")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the process's CPU time (all its threads), robust to other jobs on the cores")
+    ap.add_argument("--builds", default="", help="NAME=PATH,... extension builds to compare (packed arms)")
+    ap.add_argument("--rounds", type=int, default=3, help="child processes per build with --builds")
+    ap.add_argument("--build", default="", help=argparse.SUPPRESS)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -72,25 +103,33 @@ def main() -> None:
     from mlxcel.engine.platform.device import env_with_fast_blas
 
     load = os.getloadavg()[0]
-    results = {}
-    for arm in args.arms.split(","):
+    runs = [(arm, arm, "") for arm in args.arms.split(",")]
+    if args.builds:
+        builds = [b.split("=", 1) for b in args.builds.split(",")]
+        runs = [(name, "packed", path) for _ in range(args.rounds) for name, path in builds]
+    per_arm: dict[str, list[dict]] = {}
+    for name, arm, build in runs:
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXCEL_BLAS_PRELOADED")}
         env["OPENBLAS_NUM_THREADS"] = str(args.threads)
         if arm == "f32":
             env["MLXCEL_WEIGHTS"] = "float32"
         cmd = [sys.executable, __file__, "--child", "--threads", str(args.threads), "--context", str(args.context),
-               "--reps", str(args.reps)] + (["-m", args.model] if args.model else [])
+               "--reps", str(args.reps), "--clock", args.clock] + (["-m", args.model] if args.model else []) + \
+            (["--build", build] if build else [])
         out = subprocess.run(cmd, env=env_with_fast_blas(env), capture_output=True, text=True, check=True)
-        results[arm] = json.loads(out.stdout.strip().splitlines()[-1])
+        per_arm.setdefault(name, []).append(json.loads(out.stdout.strip().splitlines()[-1]))
+    results = {}
+    for name, rs in per_arm.items():  # the median over rounds of each width's median
+        ms = {str(w): statistics.median(r["ms"][str(w)] for r in rs) for w in WIDTHS}
+        results[name] = {"ms": ms, "ratio": {w: ms[w] / ms["1"] for w in ms}}
     print(json.dumps({"model": args.model or "SmolLM2-135M Q4_1", "threads": args.threads, "load_avg_start": load,
                       "load_avg_end": os.getloadavg()[0], "results": results}))
-    print(f"\n{args.model or 'SmolLM2-135M Q4_1'}, {args.threads} thread(s), context {args.context}, "
+    print(f"\n{args.model or 'SmolLM2-135M Q4_1'}, {args.threads} thread(s), context {args.context}, {args.clock} time, "
           f"load average {load:.1f} -> {os.getloadavg()[0]:.1f}\n")
     print("| arm | " + " | ".join(f"k={w} ms (x k=1)" for w in WIDTHS) + " |")
     print("|---|" + "---:|" * len(WIDTHS))
     for arm, r in results.items():
-        cells = [f"{r['ms'][str(w)] if str(w) in r['ms'] else r['ms'][w]:.1f} ({r['ratio'][str(w)] if str(w) in r['ratio'] else r['ratio'][w]:.2f}x)"
-                 for w in WIDTHS]
+        cells = [f"{r['ms'][str(w)]:.1f} ({r['ratio'][str(w)]:.2f}x)" for w in WIDTHS]
         print(f"| {arm} | " + " | ".join(cells) + " |")
 
 

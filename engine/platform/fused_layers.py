@@ -13,7 +13,10 @@ embedding (its fallback graph: arange, cos, sin, slices, products, a concatenati
 * the model module's ``scaled_dot_product_attention`` -> one that takes the fused attention for
   no mask or a causal one (a mask array, attention sinks or a quantized cache keep mlx-lm's);
   mlx-lm's model code calls it by module-level name, so this one is patched per architecture
-  (``restore_attention`` undoes it).
+  (``restore_attention`` undoes it);
+* the model module's ``swiglu`` (``silu(gate) * up``, an ``mx.compile`` of MLX's element-wise ops,
+  whose CPU code evaluates ``exp`` one lane at a time) -> one vectorized primitive, patched the
+  same way.
 
 Each computes a row (token) with the same code whatever the number of rows, as the matmul
 kernel does, so a block forward gives the same bits as one-token forwards and the exactness
@@ -59,7 +62,7 @@ class FusedRoPE(nn.Module):
                             offset=offset)
 
 
-_originals: dict[str, object] = {}
+_originals: dict[tuple[str, str], object] = {}
 
 
 def _fused_sdpa(original):
@@ -73,9 +76,28 @@ def _fused_sdpa(original):
     return sdpa
 
 
+def _fused_swiglu(original):
+    def swiglu(gate, x):
+        if gate.shape == x.shape and gate.dtype == x.dtype == mx.float32:
+            return qmatmul.extension().swiglu(gate, x)
+        return original(gate, x)
+
+    swiglu.mlxcel_fused = True
+    return swiglu
+
+
+def _patch(mod, name: str, wrap) -> bool:
+    fn = getattr(mod, name, None)
+    if fn is None or getattr(fn, "mlxcel_fused", False):
+        return False
+    _originals[(mod.__name__, name)] = fn
+    setattr(mod, name, wrap(fn))
+    return True
+
+
 def fuse_layers(model: nn.Module) -> dict[str, int]:
-    """Swap the norms, ropes and attention of ``model`` (an mlx-lm model); counts of each."""
-    counts = {"rms_norm": 0, "rope": 0, "attention": 0}
+    """Swap the norms, ropes, attention and SwiGLU of ``model`` (an mlx-lm model); counts of each."""
+    counts = {"rms_norm": 0, "rope": 0, "attention": 0, "swiglu": 0}
     for _, module in model.named_modules():
         for name, child in list(module.children().items()):
             if type(child) is nn.RMSNorm:
@@ -84,21 +106,21 @@ def fuse_layers(model: nn.Module) -> dict[str, int]:
             elif type(child) is nn.RoPE:
                 setattr(module, name, FusedRoPE(child))
                 counts["rope"] += 1
-    # mlx-lm's model modules import scaled_dot_product_attention by name from models.base.
+    # mlx-lm's model modules import scaled_dot_product_attention (models.base) and swiglu
+    # (models.activations) by name.
     for cls in {type(m) for _, m in model.named_modules()}:
         mod = sys.modules.get(cls.__module__)
-        fn = getattr(mod, "scaled_dot_product_attention", None)
-        if fn is not None and not getattr(fn, "mlxcel_fused", False) and mod.__name__.startswith("mlx_lm.models."):
-            _originals[mod.__name__] = fn
-            mod.scaled_dot_product_attention = _fused_sdpa(fn)
-            counts["attention"] += 1
+        if mod is None or not mod.__name__.startswith("mlx_lm.models."):
+            continue
+        counts["attention"] += _patch(mod, "scaled_dot_product_attention", _fused_sdpa)
+        counts["swiglu"] += _patch(mod, "swiglu", _fused_swiglu)
     return counts
 
 
 def restore_attention() -> None:
-    """Put mlx-lm's attention back in every model module patched so far. The patch is per model
-    module (architecture), not per model: a float model of the same architecture in the same
-    process also gets the fused attention (same results within float rounding)."""
-    for name, fn in _originals.items():
-        sys.modules[name].scaled_dot_product_attention = fn
+    """Put mlx-lm's attention and SwiGLU back in every model module patched so far. The patch is
+    per model module (architecture), not per model: a float model of the same architecture in the
+    same process also gets the fused ops (same results within float rounding)."""
+    for (name, attr), fn in _originals.items():
+        setattr(sys.modules[name], attr, fn)
     _originals.clear()

@@ -139,24 +139,27 @@ class Metrics:
             out.append(f"# TYPE mlxcel:{name} counter")
             for kind, totals in sorted(self.per_kind.items()):
                 out.append(f'mlxcel:{name}{{draft_kind="{kind}"}} {totals[col]}')
-        for name, help_text, value in (
-                ("verify_steps_total", "Speculative: iterations whose speculating rows shared one verify forward",
-                 self.verify_steps_total),
-                ("verify_rows_total", "Speculative: rows in those forwards, summed", self.verify_rows_total),
-                ("verify_tokens_total", "Speculative: tokens those forwards carried (pending + drafts), summed",
-                 self.verify_tokens_total),
-                ("verify_accepted_total", "Speculative: drafts accepted in those forwards", self.verify_accepted_total)):
-            out.append(f"# HELP mlxcel:{name} {help_text}")
-            out.append(f"# TYPE mlxcel:{name} counter")
-            out.append(f"mlxcel:{name} {value}")
-        rows_, tokens_, accepted_ = self.last_step
-        for name, help_text, value in (
-                ("verify_step_rows", "Speculative: rows in the last shared verify forward", rows_),
-                ("verify_step_tokens", "Speculative: tokens in the last shared verify forward", tokens_),
-                ("verify_step_accepted", "Speculative: drafts accepted in the last shared verify forward", accepted_)):
-            out.append(f"# HELP mlxcel:{name} {help_text}")
-            out.append(f"# TYPE mlxcel:{name} gauge")
-            out.append(f"mlxcel:{name} {value}")
+        # the shared verify forward's figures, once one has run (a server that never speculates shows
+        # upstream's names only, as the per-kind rows above)
+        if self.verify_steps_total:
+            for name, help_text, value in (
+                    ("verify_steps_total", "Speculative: iterations whose speculating rows shared one verify forward",
+                     self.verify_steps_total),
+                    ("verify_rows_total", "Speculative: rows in those forwards, summed", self.verify_rows_total),
+                    ("verify_tokens_total", "Speculative: tokens those forwards carried (pending + drafts), summed",
+                     self.verify_tokens_total),
+                    ("verify_accepted_total", "Speculative: drafts accepted in those forwards", self.verify_accepted_total)):
+                out.append(f"# HELP mlxcel:{name} {help_text}")
+                out.append(f"# TYPE mlxcel:{name} counter")
+                out.append(f"mlxcel:{name} {value}")
+            rows_, tokens_, accepted_ = self.last_step
+            for name, help_text, value in (
+                    ("verify_step_rows", "Speculative: rows in the last shared verify forward", rows_),
+                    ("verify_step_tokens", "Speculative: tokens in the last shared verify forward", tokens_),
+                    ("verify_step_accepted", "Speculative: drafts accepted in the last shared verify forward", accepted_)):
+                out.append(f"# HELP mlxcel:{name} {help_text}")
+                out.append(f"# TYPE mlxcel:{name} gauge")
+                out.append(f"mlxcel:{name} {value}")
         if self.declined:
             name = "spec_decode_declined_total"
             out.append(f"# HELP mlxcel:{name} Speculative: requests decoded plainly although a drafter is loaded, "

@@ -71,6 +71,7 @@ NB_MODULE(_qmatmul, m) {
   m.def("repack_gguf", &repack_gguf, "raw"_a, "type"_a, "n"_a, "k"_a, "GGUF blocks [n, row_bytes] -> packed");
   m.def("repack_affine", &repack_affine, "w"_a, "scales"_a, "biases"_a, "bits"_a, "group"_a, "n"_a, "k"_a,
         "MLX affine (uint32 weight, scales, biases) -> packed");
+  m.def("swiglu", &mlxcel_q::swiglu, "gate"_a, "x"_a);
   m.def("rms_norm", &mlxcel_q::rms_norm, "x"_a, "weight"_a, "eps"_a);
   m.def("rope", &mlxcel_q::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a, "offset"_a);
   m.def("attention", &mlxcel_q::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a);

@@ -1,7 +1,9 @@
 #include "fused.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <vector>
 
@@ -17,16 +19,40 @@
 namespace mlxcel_q {
 namespace {
 
-// 16 independent partial sums: vectorizable without reassociating any lane's order.
+// 16 independent partial sums, added pairwise (8 + 8, 4 + 4, ...): vectorizable, in a fixed order.
 MLXCEL_CLONES float dot(const float* a, const float* b, int n) {
   float acc[16] = {0};
   int i = 0;
   for (; i + 16 <= n; i += 16)
     for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * b[i + j];
-  float s = 0.f;
-  for (int j = 0; j < 16; ++j) s += acc[j];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  float s = acc[0];
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
+}
+
+// exp(x): Cody-Waite range reduction and a degree-6 polynomial (relative error ~2 ulp; x clamped
+// to [-87, 88]), without branches so each clone vectorizes a loop of it; -ffp-contract=off keeps
+// the same roundings in every clone.
+static inline float exp_poly(float x) {
+  float t = std::min(88.0f, std::max(-87.0f, x));
+  float k = std::floor(t * 1.44269504088896341f + 0.5f);
+  float r = t - k * 0.693359375f;
+  r = r - k * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = (p * r) * r + r + 1.0f;
+  return p * std::bit_cast<float>((int32_t(k) + 127) << 23);
+}
+
+// v[j] = exp(v[j] - shift)
+MLXCEL_CLONES void exp_shifted(float* v, int n, float shift) {
+  for (int j = 0; j < n; ++j) v[j] = exp_poly(v[j] - shift);
 }
 
 MLXCEL_CLONES void axpy(float* y, const float* x, float a, int n) {
@@ -162,11 +188,9 @@ class AttentionP : public mx::UnaryPrimitive {
               sc[j] = dot(qs.data(), kv.row(b, h / group, j), D);
               mx_ = std::max(mx_, sc[j]);
             }
+            exp_shifted(sc.data(), n, mx_);
             float sum = 0.f;
-            for (int j = 0; j < n; ++j) {
-              sc[j] = std::exp(sc[j] - mx_);
-              sum += sc[j];
-            }
+            for (int j = 0; j < n; ++j) sum += sc[j];
             std::fill(acc.begin(), acc.end(), 0.f);
             for (int j = 0; j < n; ++j) axpy(acc.data(), vv.row(b, h / group, j), sc[j], D);
             float* o = op + ((size_t(b) * Hq + h) * L + l) * D;
@@ -188,11 +212,54 @@ class AttentionP : public mx::UnaryPrimitive {
   bool causal_;
 };
 
+
+// silu(g) * x with the exp above.
+MLXCEL_CLONES void silu_times(const float* g, const float* x, float* o, size_t n) {
+  for (size_t i = 0; i < n; ++i) o[i] = (g[i] * (1.0f / (1.0f + exp_poly(-g[i])))) * x[i];
+}
+
+class SwiGLUP : public mx::UnaryPrimitive {
+ public:
+  explicit SwiGLUP(mx::Stream s) : mx::UnaryPrimitive(s) {}
+  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(in[0]);
+    enc.set_input_array(in[1]);
+    enc.set_output_array(out);
+    // a strided input is gathered (the MLP's inputs, the kernel's outputs, are contiguous)
+    struct In { const float* p; bool strided; mx::Shape shape; mx::Strides strides; };
+    auto in_of = [](const mx::array& a) { return In{a.data<float>(), !a.flags().row_contiguous, a.shape(), a.strides()}; };
+    enc.dispatch([g = in_of(in[0]), x = in_of(in[1]), op = out.data<float>(), n = out.size()]() {
+      std::vector<float> gs, xs;
+      auto rows = [n](const In& a, std::vector<float>& buf) {
+        if (!a.strided) return a.p;
+        buf.resize(n);
+        for (size_t i = 0; i < n; ++i) buf[i] = a.p[mx::elem_to_loc(int64_t(i), a.shape, a.strides)];
+        return (const float*)buf.data();
+      };
+      const float* gp = rows(g, gs);
+      const float* xp = rows(x, xs);
+      silu_times(gp, xp, op, n);
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }
+  const char* name() const override { return "MlxcelSwiGLU"; }
+  bool is_equivalent(const mx::Primitive&) const override { return true; }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
+};
+
 mx::Stream cpu() { return mx::default_stream(mx::Device::cpu); }
 
 mx::array f32(const mx::array& a) { return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, cpu()); }
 
 }  // namespace
+
+mx::array swiglu(const mx::array& gate, const mx::array& x) {
+  if (gate.shape() != x.shape()) throw std::invalid_argument("swiglu: gate and x must have one shape");
+  auto out = mx::array(gate.shape(), mx::float32, std::make_shared<SwiGLUP>(cpu()), {f32(gate), f32(x)});
+  return gate.dtype() == mx::float32 ? out : mx::astype(out, gate.dtype(), cpu());
+}
 
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps) {
   if (w.ndim() != 1 || x.shape(-1) != w.shape(0)) throw std::invalid_argument("rms_norm: weight must be [d]");

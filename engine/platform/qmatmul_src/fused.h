@@ -12,6 +12,8 @@ namespace mlxcel_q {
 
 namespace mx = mlx::core;
 
+// silu(gate) * x = gate * sigmoid(gate) * x, element-wise, float32 (the MLP's activation).
+mx::array swiglu(const mx::array& gate, const mx::array& x);
 // x[..., d] * rsqrt(mean(x^2) + eps) * w, float32.
 mx::array rms_norm(const mx::array& x, const mx::array& w, float eps);
 // x[b, h, l, d] rotated at positions offset + l (the first `dims` features; half-split or

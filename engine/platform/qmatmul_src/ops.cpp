@@ -171,35 +171,97 @@ struct Scratch {
   std::vector<float> ds;
 };
 
+// One block of 32 activations: d = max|x| / 127, q = round-half-even(x * 127 / max|x|) (MXCSR's
+// default mode, as nearbyint), sums of q over each half. The vector version gives the same bits.
+inline void quantize_block(const float* xb, int8_t* q, float* d_out, int32_t* lo_out, int32_t* hi_out) {
+  float amax = 0.f;
+  for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
+  const float d = amax / 127.f;
+  const float id = d > 0.f ? 127.f / amax : 0.f;
+  int32_t lo = 0, hi = 0;
+  for (int j = 0; j < 32; ++j) {
+    int v = int(std::nearbyint(xb[j] * id));
+    v = std::min(127, std::max(-127, v));
+    q[j] = int8_t(v);
+    (j < 16 ? lo : hi) += v;
+  }
+  *d_out = d;
+  *lo_out = lo;
+  *hi_out = hi;
+}
+
+#if defined(__x86_64__) || defined(_M_X64)
+__attribute__((target("avx512f,avx512bw"))) void quantize_block_avx512(const float* xb, int8_t* q, float* d_out,
+                                                                       int32_t* lo_out, int32_t* hi_out) {
+  const __m512 a = _mm512_loadu_ps(xb), b = _mm512_loadu_ps(xb + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+  const float d = amax / 127.f;
+  const float id = d > 0.f ? 127.f / amax : 0.f;
+  const __m512 vid = _mm512_set1_ps(id);
+  const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
+  __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, vid));  // rounds half to even under the default MXCSR
+  __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, vid));
+  qa = _mm512_max_epi32(nlim, _mm512_min_epi32(lim, qa));
+  qb = _mm512_max_epi32(nlim, _mm512_min_epi32(lim, qb));
+  _mm_storeu_si128((__m128i*)q, _mm512_cvtepi32_epi8(qa));
+  _mm_storeu_si128((__m128i*)(q + 16), _mm512_cvtepi32_epi8(qb));
+  *d_out = d;
+  *lo_out = _mm512_reduce_add_epi32(qa);
+  *hi_out = _mm512_reduce_add_epi32(qb);
+}
+#endif
+
+// The AVX-512 quantizer goes with the AVX-512 kernel, so that comparing the ISAs' results (the
+// tests do) compares the quantizers too.
+bool vector_quantizer() {
+#if defined(__x86_64__) || defined(_M_X64)
+  return g_kernel == avx512::matmul;
+#else
+  return false;
+#endif
+}
+
 void quantize_rows(const float* x, int m, int k, Scratch& sc) {
   const int nb = k / 32;
   sc.q.resize(size_t(m) * k);
   sc.d.resize(size_t(m) * nb);
   sc.s.resize(size_t(m) * nb * 2);
   sc.ds.resize(size_t(m) * nb * 3);
+  const bool vec = vector_quantizer();
   for (int r = 0; r < m; ++r)
     for (int b = 0; b < nb; ++b) {
+      const size_t i = size_t(r) * nb + b;
       const float* xb = x + size_t(r) * k + b * 32;
-      float amax = 0.f;
-      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
-      const float d = amax / 127.f;
-      const float id = d > 0.f ? 127.f / amax : 0.f;
       int8_t* q = sc.q.data() + size_t(r) * k + b * 32;
-      int32_t lo = 0, hi = 0;
-      for (int j = 0; j < 32; ++j) {
-        int v = int(std::nearbyint(xb[j] * id));
-        v = std::min(127, std::max(-127, v));
-        q[j] = int8_t(v);
-        (j < 16 ? lo : hi) += v;
-      }
-      sc.d[size_t(r) * nb + b] = d;
-      sc.s[2 * (size_t(r) * nb + b)] = lo;
-      sc.s[2 * (size_t(r) * nb + b) + 1] = hi;
-      float* ds = sc.ds.data() + 3 * (size_t(r) * nb + b);
+      int32_t lo, hi;
+      float d;
+#if defined(__x86_64__) || defined(_M_X64)
+      if (vec) quantize_block_avx512(xb, q, &d, &lo, &hi);
+      else
+#endif
+        quantize_block(xb, q, &d, &lo, &hi);
+      sc.d[i] = d;
+      sc.s[2 * i] = lo;
+      sc.s[2 * i + 1] = hi;
+      float* ds = sc.ds.data() + 3 * i;
       ds[0] = d * float(lo);
       ds[1] = d * float(hi);
       ds[2] = d * float(lo + hi);
     }
+}
+
+// The rows of a strided x (a transposed view read in place) gathered: one copy per run of the
+// last axis when that axis is contiguous, element by element otherwise.
+void gather_rows(const float* xp, const mx::Shape& shape, const mx::Strides& strides, size_t count,
+                 std::vector<float>& out) {
+  out.resize(count);
+  const int last = shape.empty() ? 1 : shape.back();
+  if (!shape.empty() && strides.back() == 1 && last > 0) {
+    for (size_t i = 0; i < count; i += last)
+      std::memcpy(out.data() + i, xp + mx::elem_to_loc(int64_t(i), shape, strides), sizeof(float) * last);
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) out[i] = xp[mx::elem_to_loc(int64_t(i), shape, strides)];
 }
 
 void check_packed(const mx::array& packed, int type, int group, int n, int k) {
@@ -272,8 +334,7 @@ void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     static thread_local std::vector<float> gathered;
     const float* rows = xp;
     if (strided) {
-      gathered.resize(size_t(m) * k);
-      for (size_t i = 0; i < gathered.size(); ++i) gathered[i] = xp[mx::elem_to_loc(int(i), shape, strides)];
+      gather_rows(xp, shape, strides, size_t(m) * k, gathered);
       rows = gathered.data();
     }
     quantize_rows(rows, m, k, sc);

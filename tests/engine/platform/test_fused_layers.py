@@ -4,7 +4,10 @@ bitwise the same as one-token forwards, so the exactness probe allows block veri
 
 from __future__ import annotations
 
+import sys
+
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 import tiny_gguf
 from gguf import GGMLQuantizationType as Q
@@ -40,6 +43,12 @@ def test_ops_match_mlx():
     for mask in (None, "causal"):
         want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
         assert close(ext.attention(q, k, v, 0.125, mask == "causal"), want), mask
+    gate = mx.concatenate([mx.random.normal((2, 3, 700), key=mx.random.key(5)) * 8,
+                           mx.linspace(-120, 120, 2 * 3 * 100).reshape(2, 3, 100)], axis=-1)
+    up = mx.random.normal(gate.shape, key=mx.random.key(6))
+    assert close(ext.swiglu(gate, up), nn.silu(gate) * up)
+    assert mx.array_equal(ext.swiglu(mx.swapaxes(gate, 0, 1), mx.swapaxes(up, 0, 1)),
+                          mx.swapaxes(ext.swiglu(gate, up), 0, 1))  # strided inputs read in place
     kt = mx.swapaxes(mx.swapaxes(k, 1, 2), 1, 2)  # a strided view, as a cache slice is
     assert close(ext.attention(q, kt, v, 0.125, True), mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125,
                                                                                             mask="causal"))
@@ -56,6 +65,7 @@ def test_packed_model_is_fused_and_block_exact(packed_tiny):
     model = packed_tiny.model
     kinds = {type(m) for _, m in model.named_modules()}
     assert FusedRMSNorm in kinds and FusedRoPE in kinds
+    assert getattr(sys.modules[type(model).__module__].swiglu, "mlxcel_fused", False)
     for width in (2, 5, 9, 16):
         verdict = probe(model, width, vocab_size=packed_tiny.vocab_size, make_cache=packed_tiny.make_cache)
         assert verdict.exact, verdict.describe()

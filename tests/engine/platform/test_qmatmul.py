@@ -74,6 +74,8 @@ def test_gguf_blocks(qtype, each_isa):
     ref_w = quants.dequantize(raw, qtype).reshape(n, k).astype(np.float64)
     assert np.array_equal(np.array(qmatmul.dequantize(w)), ref_w.astype(np.float32))
     x = np.random.default_rng(1).standard_normal((5, k)).astype(np.float32)
+    x[0, :32] = np.arange(-15.5, 16.5)  # exact ties when quantized (max 127: x * 127 / max = x):
+    x[0, 0] = 127.0                     # every ISA's quantizer rounds them half to even
     got = products(w, x, each_isa)
     ref = x.astype(np.float64) @ ref_w.T
     for isa, y in got.items():
@@ -120,6 +122,25 @@ def test_width_and_threads_do_not_change_a_row(qtype, each_isa):
                 each_isa.set_num_threads(t)
                 for m in (*range(2, 17), 40):
                     assert mx.array_equal(qmatmul.qmatmul(x[:m], w), single[:m]), (isa, t, m)
+    finally:
+        each_isa.set_num_threads(threads)
+
+
+def test_large_matrix_walk_gives_the_same_bits(each_isa):
+    """A matrix over 1 MB (here 1.25 MB of Q8_0) is walked tile by tile; one thread takes that
+    path, each of two threads (0.6 MB) the chunk-by-chunk one: the same bits per row either way."""
+    n, k = 2304, 512
+    w = qmatmul.pack_gguf(random_blocks(Q.Q8_0, n, k, seed=9), int(Q.Q8_0), n, k)
+    assert w.packed.nbytes > 1 << 20
+    x = mx.array(np.random.default_rng(3).standard_normal((20, k)).astype(np.float32))
+    threads = each_isa.num_threads()
+    try:
+        each_isa.set_num_threads(1)
+        single = mx.concatenate([qmatmul.qmatmul(x[i:i + 1], w) for i in range(20)])
+        for t in (1, 2):
+            each_isa.set_num_threads(t)
+            for m in (2, 5, 8, 16, 20):
+                assert mx.array_equal(qmatmul.qmatmul(x[:m], w), single[:m]), (t, m)
     finally:
         each_isa.set_num_threads(threads)
 
