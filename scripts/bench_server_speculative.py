@@ -23,7 +23,9 @@ tokens/s over the whole request as the client saw it, and decode tokens per targ
 ``4edit``: four edit clients, ``2edit2prose``, ``8prose``), the plain server against the lookup server
 (both ``-np 8``), arms alternating mix by mix; reported: aggregate tokens/s over the mix's wall time
 (all clients' completion tokens / the time from the first send to the last answer), best of the
-repeats, the ratio lookup / plain, and the 1-minute load average before the run.
+repeats, the ratio lookup / plain, and the 1-minute load average before the run. A third arm,
+``uncapped``, is the lookup server with the per-row draft cap off (``MLXCEL_VERIFY_COST=off``: every
+row drafts up to its block whatever the batch width), and each lookup arm's drafts per round.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py --concurrent [--max-tokens 96]
 """
@@ -160,32 +162,44 @@ def concurrent(args, model_args) -> int:
     spec_args = ["--spec-type", "ngram-simple"] + (["--spec-ngram-simple-size-m", str(args.block)] if args.block else [])
     plain = ServerProcess(*model_args, "-c", "8192", "-np", "8", timeout=600)
     spec = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600)
-    urls = {"plain": plain.url, "lookup": spec.url}
+    uncapped = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
+                             env={"MLXCEL_VERIFY_COST": "off"})
+    urls = {"plain": plain.url, "lookup": spec.url, "uncapped": uncapped.url}
+    arms = list(urls)
     best: dict[tuple[str, str], float] = {}
+    per_round: dict[tuple[str, str], list[int]] = {}  # drafted, rounds
     load = os.getloadavg()[0]
     try:
         for url in urls.values():
             request(url, "Hello", 8, {})
         for rep in range(args.repeats):
-            for mix, names in MIXES.items():
-                for arm in (("plain", "lookup") if rep % 2 == 0 else ("lookup", "plain")):
+            for m, (mix, names) in enumerate(MIXES.items()):
+                shift = (rep + m) % len(arms)
+                for arm in arms[shift:] + arms[:shift]:
                     t0 = time.perf_counter()
                     with ThreadPoolExecutor(len(names)) as pool:
                         results = list(pool.map(lambda n: request(urls[arm], WORKLOADS[n], args.max_tokens, {}),
                                                 names))
                     tps = sum(r["n"] for r in results) / (time.perf_counter() - t0)
                     best[(mix, arm)] = max(best.get((mix, arm), 0.0), tps)
-                    print(f"  rep {rep} {mix:12s} {arm:7s} aggregate {tps:6.1f} tok/s", file=sys.stderr)
+                    counts = per_round.setdefault((mix, arm), [0, 0])
+                    counts[0] += sum(r["drafted"] for r in results)
+                    counts[1] += sum(r["rounds"] for r in results)
+                    print(f"  rep {rep} {mix:12s} {arm:8s} aggregate {tps:6.1f} tok/s", file=sys.stderr)
     finally:
         plain.stop()
         spec.stop()
+        uncapped.stop()
     print(f"SmolLM2-135M-Instruct (or -m), greedy, {args.max_tokens} tokens a client, best of {args.repeats}; "
           f"load average {load:.2f} before the run\n")
-    print("| mix | clients | plain tok/s | lookup tok/s | lookup / plain |")
-    print("|---|---|---|---|---|")
+    print("| mix | clients | plain tok/s | lookup tok/s | lookup / plain | uncapped / plain "
+          "| drafts per round: lookup, uncapped |")
+    print("|---|---|---|---|---|---|---|")
     for mix, names in MIXES.items():
-        a, b = best[(mix, "plain")], best[(mix, "lookup")]
-        print(f"| {mix} | {len(names)} | {a:.1f} | {b:.1f} | {b / a:.2f}x |")
+        a, b, c = best[(mix, "plain")], best[(mix, "lookup")], best[(mix, "uncapped")]
+        rates = [d / max(r, 1) for d, r in (per_round[(mix, "lookup")], per_round[(mix, "uncapped")])]
+        print(f"| {mix} | {len(names)} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {c / a:.2f}x "
+              f"| {rates[0]:.1f}, {rates[1]:.1f} |")
     return 0
 
 

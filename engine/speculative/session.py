@@ -11,7 +11,8 @@ A :class:`SpeculativeSession` owns everything per-sequence that is not the targe
   of the whole context, taken from the prefill itself (:meth:`prefill`, or the caller's own
   prefill handed over with :meth:`adopt`; never a second pass over the prompt);
 * the block policy: each round asks for at most ``n_max`` drafts, leaving room for the round's own
-  token, and drafts nothing when fewer than ``n_min`` fit (:meth:`block`);
+  token, and drafts nothing when fewer than ``n_min`` fit (:meth:`block`); in a shared verify
+  forward the scheduler caps a row's drafts by what the forward costs (``verify_cost``);
 * one set of counters (:class:`SpeculativeCounters`), which the CLI's acceptance line
   (``report``) and a response's ``timings`` both format;
 * the sequence's grammar, when the request is constrained: every round verifies against the
@@ -235,10 +236,11 @@ class SpeculativeSession:
 
     # -- rounds -------------------------------------------------------------------------------
 
-    def block(self, remaining: int) -> int:
-        """Drafts to ask for when ``remaining`` tokens may still be emitted: at most ``n_max``,
-        leaving room for the round's own token; 0 (a plain step) when fewer than ``n_min`` fit."""
-        k = min(self.n_max, remaining - 1)
+    def block(self, remaining: int, cap: int | None = None) -> int:
+        """Drafts to ask for when ``remaining`` tokens may still be emitted: at most ``n_max`` (and at
+        most ``cap``, a shared forward's per-row cap, ``verify_cost.VerifyCost.draft_cap``), leaving
+        room for the round's own token; 0 (a plain step) when fewer than ``n_min`` fit."""
+        k = min(self.n_max, remaining - 1, self.n_max if cap is None else cap)
         return k if k >= max(1, self.n_min) else 0
 
     def round(self, model: Any, cache: list[Any], chain: SamplerChain, sequence: Sequence[int],
@@ -256,10 +258,11 @@ class SpeculativeSession:
         drafter's block width is gated by the exactness probe and needs the forward's features)."""
         return self.model_drafter is None
 
-    def prepare(self, sequence: Sequence[int], remaining: int) -> PreparedRound:
+    def prepare(self, sequence: Sequence[int], remaining: int, cap: int | None = None) -> PreparedRound:
         """The first half of a batched round (:attr:`batchable` sessions): the proposal and the block
-        to forward. The caller forwards ``block`` with the other rows and calls :meth:`decide`."""
-        return prepare_round(self.drafter, sequence, self.block(remaining), self.grammar)
+        to forward (at most ``cap`` drafts, see :meth:`block`). The caller forwards ``block`` with the
+        other rows and calls :meth:`decide`."""
+        return prepare_round(self.drafter, sequence, self.block(remaining, cap), self.grammar)
 
     def decide(self, prep: PreparedRound, logits: mx.array, chain: SamplerChain, sequence: Sequence[int],
                rewind) -> RoundResult:

@@ -20,7 +20,8 @@ log = logging.getLogger("mlxcel.server")
 def run(config: ServerConfig, group) -> int:
     loaded = load_shard(config, group)
     settings = resolve(config)
-    speculation = Speculation.load(settings, loaded, config.ubatch_size) if settings is not None else None
+    speculation = (Speculation.load(settings, loaded, config.ubatch_size, measure_cost=False)
+                   if settings is not None else None)
     scheduler = build_scheduler(config, loaded, speculation)
     follower = Follower(group)
     scheduler.lockstep = follower

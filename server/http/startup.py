@@ -85,7 +85,8 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     state.n_params = int(sum(v.size for _, v in tree_flatten(loaded.model.parameters())))
     state.loaded = loaded
     settings = resolve(config)
-    speculation = Speculation.load(settings, loaded, config.ubatch_size) if settings is not None else None
+    speculation = (Speculation.load(settings, loaded, config.ubatch_size, measure_cost=group is None)
+                   if settings is not None else None)
     if settings is not None:
         state.defaults.speculative_types = f"none,{settings.spec_type}"
     scheduler = build_scheduler(config, loaded, speculation, metrics=state.metrics, max_queue=state.limits.max_queue)

@@ -446,7 +446,8 @@ class Scheduler:
 
     def _verify_batch(self) -> None:
         """One verify round for every row of the ragged batch, all blocks in one target forward
-        (``decode.ragged``): each row proposes its own block, the forward carries every block at its
+        (``decode.ragged``): each row proposes its own block (capped by the forward's cost model at
+        this batch width and the row's acceptance so far, ``verify_cost``), the forward carries every block at its
         row's own positions, then each row's rule decides on its own rows and the row's cache drops
         its own rejected tail. The decisions are the ones a round alone makes
         (``SpeculativeSession.decide``)."""
@@ -459,11 +460,15 @@ class Scheduler:
         if not self._room(len(self._ragged)):
             return
         plan, preps = StepPlan(), {}
+        cost, width = self.speculation.verify_cost if self.speculation is not None else None, len(self._ragged)
         for row in list(self._ragged.rows):
             slot = self.slots[row]
             run = slot.run
             try:
-                preps[row] = run.spec.prepare(run.prompt + run.generated, run.round_room())
+                spec = run.spec
+                cap = None if cost is None else cost.draft_cap(width, spec.counters.accepted,
+                                                               spec.counters.positions_tested, spec.n_max, spec.n_min)
+                preps[row] = spec.prepare(run.prompt + run.generated, run.round_room(), cap)
             except Exception as exc:
                 log.exception("drafting failed in slot %d", row)
                 run.fail(_as_api_error(exc))

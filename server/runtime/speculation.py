@@ -28,6 +28,10 @@ greedy-only drafter declines (``reason="greedy-only"``).
 
 ``--spec-draft-n-min N``: a block shorter than N is not verified (the row decodes plainly).
 
+Rows that share the verify forward (prompt lookup, a draft model) draft fewer tokens as the batch
+widens, by the forward's cost model measured at load (``engine.speculative.verify_cost``; one row
+keeps its whole block, and the cap never goes below ``n_min``).
+
 Per request, ``speculative.n_max`` / ``speculative.n_min`` (upstream's fields) narrow the block;
 ``speculative.n_max: 0`` makes the request a plain one. Requests asking for token probabilities
 (``n_probs`` / logprobs) decode plainly, since verify rounds do not produce per-token
@@ -45,9 +49,11 @@ from mlxcel.drafters.registry import DrafterKind
 from mlxcel.engine.decode.recurrent import unsupported_reason
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
+from mlxcel.engine.speculative import verify_cost
 from mlxcel.engine.speculative.exactness_probe import probe_at_load
 from mlxcel.engine.speculative.session import SpeculativeSession, decline_reason
 from mlxcel.engine.speculative.target_features import TargetFeatures
+from mlxcel.engine.speculative.verify_cost import VerifyCost
 from mlxcel.server.runtime.speculation_settings import SpeculationSettings
 from mlxcel.server.runtime.task import GenerationOptions
 
@@ -62,16 +68,21 @@ class Speculation:
     """A server's drafter setup, loaded: one session per speculating request."""
 
     def __init__(self, settings: SpeculationSettings, source: DrafterSource | None, target: LoadedModel,
-                 declined: str | None = None):
+                 declined: str | None = None, verify_cost: VerifyCost | None = None):
         self.settings = settings
         self.source = source
         self.target = target
         self.declined = declined  # why this target never speculates (None: it does)
+        self.verify_cost = verify_cost  # caps each row's drafts in a shared verify forward (None: no cap)
 
     @classmethod
-    def load(cls, settings: SpeculationSettings, target: LoadedModel, prefill_step: int = 512) -> Speculation:
+    def load(cls, settings: SpeculationSettings, target: LoadedModel, prefill_step: int = 512, *,
+             measure_cost: bool = True) -> Speculation:
         """Load what the drafter needs and probe the verify widths it can use (at startup, so no
-        request ever pays the disk load or the probe)."""
+        request ever pays the disk load or the probe). For a drafter whose rows share a verify
+        forward, take that forward's cost model (``engine.speculative.verify_cost``: measured here
+        unless ``MLXCEL_VERIFY_COST`` gives it; never measured when ``measure_cost`` is False, as for
+        ranks serving in lockstep, which must all derive the same draft caps)."""
         for note in settings.choice.notes:
             log.warning("%s", note)
         why = unsupported_reason(target.model, target.make_cache)
@@ -97,7 +108,12 @@ class Speculation:
         if drafter is not None and drafter.probe_gated:
             line = probe_at_load(target.model, drafter, n_max, vocab_size=target.vocab_size)
             log.warning("%s", line)
-        return cls(settings, source, target)
+        cost = None
+        if not settings.kind.model_based:
+            cost = verify_cost.load(target.model, target.make_cache, target.vocab_size, may_measure=measure_cost)
+            if cost is not None:
+                log.warning("Shared verify forward: %s; each row's drafts shrink as the batch widens", cost.describe())
+        return cls(settings, source, target, verify_cost=cost)
 
     @property
     def kind(self) -> DrafterKind:

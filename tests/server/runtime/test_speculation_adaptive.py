@@ -1,0 +1,74 @@
+"""Draft lengths that adapt to the batch (issue 17 item 4), through a real server process on a tiny
+checkpoint: with several lookup clients sharing the verify forward each row drafts fewer tokens per
+round than one client alone does, by the forward's cost model (``engine.speculative.verify_cost``),
+and every client still gets exactly the tokens it gets alone."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+import httpx
+import tiny_gguf
+from gguf import GGMLQuantizationType as Q
+from server_process import ServerProcess, post_ok, running
+
+PROMPTS = [
+    "a b c d e f g a b c d e f g a b c d e f g a b c",
+    "def f(x): return x + 1\ndef f(x): return x + 1\ndef f(x):",
+    "The cat sat. The cat sat. The cat sat. The",
+    "1 2 3 4 1 2 3 4 1 2 3 4 1 2",
+    "x y z x y z x y z x y z x y",
+    "red green blue red green blue red green",
+]
+N = 32
+# a forward whose tokens cost everything and whose fixed part nothing: any second row makes a draft
+# pay only when it is all but certain to be accepted, so a shared row keeps one draft per round
+# (given, not measured: timings on shared cores would make the caps, not the test, decide)
+COST = "1,100"
+
+
+def metric(url: str, name: str) -> float:
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def concurrently(url: str, bodies: list[dict]) -> list[dict]:
+    async def run():
+        async with httpx.AsyncClient() as client:
+            async def one(b):
+                r = await client.post(url + "/completion", json=b, timeout=180)
+                assert r.status_code == 200, r.text
+                return r.json()
+            return await asyncio.gather(*(one(b) for b in bodies))
+
+    return asyncio.run(run())
+
+
+def drafts_per_round(url: str, run) -> tuple[float, list[dict]]:
+    before = (metric(url, "llamacpp:spec_decode_num_draft_tokens_total"),
+              metric(url, "llamacpp:spec_decode_num_drafts_total"))
+    out = run()
+    tokens = metric(url, "llamacpp:spec_decode_num_draft_tokens_total") - before[0]
+    rounds = metric(url, "llamacpp:spec_decode_num_drafts_total") - before[1]
+    assert rounds > 0
+    return tokens / rounds, out
+
+
+def test_concurrent_lookup_rows_draft_fewer_per_round_than_one_client(tiny_llama_dir, checkpoints_root):
+    target = tiny_gguf.write_gguf(tiny_llama_dir, checkpoints_root / "tiny-llama-q8-adaptive.gguf",
+                                  tiny_gguf.uniform(Q.Q8_0))
+    bodies = [{"prompt": p, "n_predict": N, "ignore_eos": True, "return_tokens": True, "cache_prompt": False,
+               "temperature": 0} for p in PROMPTS]
+    with running(s=partial(ServerProcess, "-m", str(target), "-np", "8", "--metrics", "--spec-type", "ngram-simple",
+                           "--spec-ngram-simple-size-m", "6", env={"MLXCEL_VERIFY_COST": COST})) as procs:
+        s = procs["s"]
+        alone_rate, alone = drafts_per_round(s.url, lambda: [post_ok(s, "/completion", b) for b in bodies])
+        together_rate, together = drafts_per_round(s.url, lambda: concurrently(s.url, bodies))
+        log = s.log_path.read_text()
+    assert "Shared verify forward: 1.0 ms + 100.00 ms a token (given)" in log
+    assert [r["tokens"] for r in together] == [r["tokens"] for r in alone]
+    assert alone_rate > 2.0, alone_rate  # one client drafts its whole lookup (up to 6)
+    assert together_rate < 0.75 * alone_rate, (alone_rate, together_rate)
