@@ -5,11 +5,10 @@ and every client still gets exactly the tokens it gets alone."""
 
 from __future__ import annotations
 
-import asyncio
 from functools import partial
 
-import httpx
 import tiny_gguf
+from concurrent_requests import concurrently, metric
 from gguf import GGMLQuantizationType as Q
 from server_process import ServerProcess, post_ok, running
 
@@ -26,25 +25,6 @@ N = 32
 # pay only when it is all but certain to be accepted, so a shared row keeps one draft per round
 # (given, not measured: timings on shared cores would make the caps, not the test, decide)
 COST = "1,100"
-
-
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
-def concurrently(url: str, bodies: list[dict]) -> list[dict]:
-    async def run():
-        async with httpx.AsyncClient() as client:
-            async def one(b):
-                r = await client.post(url + "/completion", json=b, timeout=180)
-                assert r.status_code == 200, r.text
-                return r.json()
-            return await asyncio.gather(*(one(b) for b in bodies))
-
-    return asyncio.run(run())
 
 
 def drafts_per_round(url: str, run) -> tuple[float, list[dict]]:

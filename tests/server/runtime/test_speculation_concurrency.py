@@ -5,7 +5,6 @@ no slot busy and no cache corrupt."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 from functools import partial
@@ -14,6 +13,7 @@ import httpx
 import pytest
 import tiny_checkpoints
 import tiny_gguf
+from concurrent_requests import concurrently, metric
 from gguf import GGMLQuantizationType as Q
 from server_process import ServerProcess, post_ok, running
 
@@ -65,25 +65,6 @@ def body(i: int, prompt: str) -> dict:
     else:
         fields["temperature"] = 0
     return fields
-
-
-def metric(url: str, name: str) -> float:
-    for line in httpx.get(url + "/metrics").text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    return 0.0
-
-
-def concurrently(url: str, bodies: list[dict]) -> list[dict]:
-    async def run():
-        async with httpx.AsyncClient() as client:
-            async def one(b):
-                r = await client.post(url + "/completion", json=b, timeout=180)
-                assert r.status_code == 200, r.text
-                return r.json()
-            return await asyncio.gather(*(one(b) for b in bodies))
-
-    return asyncio.run(run())
 
 
 @pytest.mark.parametrize("kind", ["lookup", "draft"])
