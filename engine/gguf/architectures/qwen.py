@@ -31,6 +31,12 @@ class Qwen3(Architecture):
     hf_class = "Qwen3ForCausalLM"
 
 
+def expert_config(meta: ArchMetadata) -> dict[str, int]:
+    """The expert counts and width every Qwen MoE file gives (qwen2moe, qwen3moe, the Qwen3.5/Next MoE)."""
+    return {"num_experts": meta.int("expert_count"), "num_experts_per_tok": meta.int("expert_used_count"),
+            "moe_intermediate_size": meta.int("expert_feed_forward_length")}
+
+
 class Qwen2Moe(Architecture):
     name = "qwen2moe"
     model_type = "qwen2_moe"
@@ -39,9 +45,7 @@ class Qwen2Moe(Architecture):
     def config(self, meta: ArchMetadata, tensors: TensorIndex, vocab_size: int) -> dict[str, Any]:
         config = self.common_config(meta, tensors, vocab_size)
         config.update(
-            num_experts=meta.int("expert_count"),
-            num_experts_per_tok=meta.int("expert_used_count"),
-            moe_intermediate_size=meta.int("expert_feed_forward_length"),
+            **expert_config(meta),
             shared_expert_intermediate_size=meta.int("expert_shared_feed_forward_length", 0),
         )
         config.setdefault("intermediate_size", config["moe_intermediate_size"])
@@ -63,9 +67,7 @@ class Qwen3Moe(Architecture):
     def config(self, meta: ArchMetadata, tensors: TensorIndex, vocab_size: int) -> dict[str, Any]:
         config = self.common_config(meta, tensors, vocab_size)
         config.update(
-            num_experts=meta.int("expert_count"),
-            num_experts_per_tok=meta.int("expert_used_count"),
-            moe_intermediate_size=meta.int("expert_feed_forward_length"),
+            **expert_config(meta),
             decoder_sparse_step=1,
             norm_topk_prob=True,
         )

@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxcel.engine.gguf.architectures.base import Architecture, Conversion, TensorIndex
-from mlxcel.engine.gguf.architectures.qwen import dense_layers
+from mlxcel.engine.gguf.architectures.qwen import dense_layers, expert_config
 from mlxcel.engine.gguf.metadata import ArchMetadata
 
 _LINEAR = re.compile(r"^(?:language_model\.)?model\.layers\.(\d+)\.linear_attn\.(\w+)\.?(weight|bias)?$")
@@ -65,9 +65,7 @@ class Qwen3Next(Architecture):
 
     def moe_config(self, meta: ArchMetadata, tensors: TensorIndex, config: dict) -> None:
         config.update(
-            num_experts=meta.int("expert_count"),
-            num_experts_per_tok=meta.int("expert_used_count"),
-            moe_intermediate_size=meta.int("expert_feed_forward_length"),
+            **expert_config(meta),
             shared_expert_intermediate_size=meta.int("expert_shared_feed_forward_length", 0),
             decoder_sparse_step=1,
             norm_topk_prob=True,
