@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from mlxcel.engine.gguf.special_tokens import FIM_TEXTS
+
 ROLES = ("pre", "suf", "mid", "pad", "rep", "sep")
 
 # role -> GGUF metadata keys, in the order llama.cpp applies them (a later key present wins)
@@ -26,18 +28,9 @@ GGUF_KEYS = {
     "sep": ("tokenizer.ggml.fim_sep_token_id",),
 }
 
-# role -> the token texts that play it in the model families llama.cpp recognises
-TEXTS = {
-    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-            "<|code_prefix|>", "<|prefix|>"),
-    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-            "<|code_suffix|>", "<|suffix|>"),
-    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-            "<|code_middle|>", "<|middle|>"),
-    "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "sep": ("<|file_sep|>",),
-}
+# role -> the token texts that play it in the model families llama.cpp recognises (the GGUF
+# tokenizer's own table, which also decides which of them end generation)
+TEXTS = {role.removeprefix("fim_"): texts for role, texts in FIM_TEXTS.items()}
 
 # what upstream's 501 names for each missing required role
 MISSING = {"pre": "prefix token is missing. ", "suf": "suffix token is missing. ", "mid": "middle token is missing. "}
