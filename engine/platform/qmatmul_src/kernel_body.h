@@ -154,6 +154,15 @@ static void tile_chunk(const Layout& l, const uint8_t* tile, int units, int n, c
 constexpr int ROW_BLOCK = 64;
 constexpr size_t TILE_ORDER_BYTES = size_t(1) << 20;
 
+// Rows per chunk: V::MAXR for the K-quants, at most BLOCK_TYPE_ROWS for the 32-value block types.
+// AVX-512 on Zen 5 gains from chunks of 8 rows where a block's decode is heavy (K-quant scales:
+// Qwen2.5-1.5B Q4_K_M, a forward over 8 / 16 tokens 132 -> 104 ms / 227 -> 195 ms) and not where
+// it is light (SmolLM2's Q4_1 / Q8_0: 16 tokens 29.3 -> 30.9 ms, and on Zen 4 slower, see
+// docs/benchmarks.md), so those keep chunks of 4. The chunking never changes a row's operations.
+#ifndef BLOCK_TYPE_ROWS
+#define BLOCK_TYPE_ROWS V::MAXR
+#endif
+
 template <int T>
 static void chunk(const Layout& l, const uint8_t* tile, int units, int n, const XQuant& x, int r0, int rows,
                   float* out, int t) {
@@ -177,16 +186,17 @@ static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, co
   const size_t tb = tile_bytes(l, k);
   const int units = k / l.group;
   const bool by_tile = tb * size_t(t1 - t0) > TILE_ORDER_BYTES;
+  constexpr int step = (Traits<T>::kq || T == Q6_K) ? V::MAXR : std::min(V::MAXR, BLOCK_TYPE_ROWS);
   for (int b0 = 0; b0 < m; b0 += ROW_BLOCK) {
     const int b1 = std::min(m, b0 + ROW_BLOCK);
     if (by_tile) {
       for (int t = t0; t < t1; ++t)
-        for (int r0 = b0; r0 < b1; r0 += V::MAXR)
-          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(V::MAXR, b1 - r0), out, t);
+        for (int r0 = b0; r0 < b1; r0 += step)
+          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t);
     } else {
-      for (int r0 = b0; r0 < b1; r0 += V::MAXR)
+      for (int r0 = b0; r0 < b1; r0 += step)
         for (int t = t0; t < t1; ++t)
-          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(V::MAXR, b1 - r0), out, t);
+          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t);
     }
   }
 }
