@@ -10,11 +10,13 @@ rows. A decoding row is a block of one; a verify round's block is ``[pending, *d
 
 1. each draw's adjusted logits (``SamplerChain.adjusted_logits``: bias, penalties and DRY over its
    own history, its mask), lazily, one draw at a time (those stages read host-side histories);
-2. the rows are grouped by what their chain does next (``SamplerChain.shape``): all argmax rows
-   (greedy chains, and draws asking for the argmax whatever the chain) are stacked and take one
-   argmax; the sampled rows of one shape are stacked and go through one graph of steps 3-5
+2. the rows are grouped by what their chain does next (``SamplerChain.shape``): an argmax row
+   (a greedy chain, or a draw asking for the argmax whatever the chain) takes its argmax; the
+   sampled rows of one shape are stacked and go through one graph of steps 3-5
    (``chain.distribution_rows``), each row with its own temperature / top-p / min-p / ...
-   column (``StageValues``), its own XTC coin and its own position key for the draw;
+   column (``StageValues``), its own XTC coin and its own position key for the draw (on a CPU
+   a group is cut into graphs of a few rows, ``CPU_STACK_ELEMENTS``: there a tall graph's
+   intermediates leave the caches);
 3. the stacked results are split back into the draws.
 
 Every row therefore runs the very ops ``SamplerChain.select`` runs for it alone, on the same
@@ -70,11 +72,40 @@ def _stack(arrays: Sequence[mx.array]) -> mx.array:
     return arrays[0] if len(arrays) == 1 else mx.concatenate(list(arrays), axis=0)
 
 
-def pick_draws(draws: Sequence[Draw]) -> list[mx.array | Exception]:
-    """Per draw, its ``[N]`` tokens as a lazy int32 array, or the exception its own stages raised
-    while the graph was built (see the module docstring)."""
-    out: list[mx.array | Exception | None] = [None] * len(draws)
-    greedy: list[tuple[int, mx.array]] = []
+# How many logits one stacked graph may hold on a CPU (rows x vocabulary): beyond a few rows of a
+# large vocabulary the intermediates (int64 sort keys, cumulative sums) leave the caches and a
+# stacked graph runs slower than the rows one by one (docs/benchmarks.md, issue 17). A GPU stacks
+# every row of a shape: there each graph costs its kernel launches.
+CPU_STACK_ELEMENTS = 1 << 19
+stack_elements: int | None = None  # None: CPU_STACK_ELEMENTS on a CPU, no limit elsewhere
+
+
+def _chunks(members: list, vocab: int) -> list[list]:
+    """``members`` (draw index, adjusted rows) cut into runs of at most the stacking limit's rows
+    (a draw is never cut)."""
+    limit = stack_elements
+    if limit is None:
+        limit = CPU_STACK_ELEMENTS if mx.default_device() == mx.cpu else 0
+    if limit <= 0:
+        return [members]
+    most = max(1, limit // max(vocab, 1))
+    out, run, rows = [], [], 0
+    for m in members:
+        n = m[1].shape[0]
+        if run and rows + n > most:
+            out.append(run)
+            run, rows = [], 0
+        run.append(m)
+        rows += n
+    if run:
+        out.append(run)
+    return out
+
+
+def _group(draws: Sequence[Draw], out: list, by_argmax: bool) -> tuple[list, dict]:
+    """Each draw's adjusted logits, grouped: the argmax rows (when ``by_argmax``) and the sampled
+    rows by shape. A draw whose own stages fail gets its exception in ``out``."""
+    argmax: list[tuple[int, mx.array]] = []
     sampled: dict = {}
     for i, draw in enumerate(draws):
         try:
@@ -82,47 +113,50 @@ def pick_draws(draws: Sequence[Draw]) -> list[mx.array | Exception]:
         except Exception as exc:  # this draw's own stages (penalties, DRY, its mask) failed: it alone
             out[i] = exc
             continue
-        if draw.argmax or draw.chain.greedy:
-            greedy.append((i, x))
+        if by_argmax and (draw.argmax or draw.chain.greedy):
+            argmax.append((i, x))
         else:
             sampled.setdefault(draw.chain.shape, []).append((i, x))
-    if greedy:
-        tokens = _stack([x for _, x in greedy]).argmax(axis=-1).astype(mx.int32)
-        for (i, _), part in zip(greedy, _split(tokens, [x.shape[0] for _, x in greedy])):
-            out[i] = part
+    return argmax, sampled
+
+
+def _probs(draws: Sequence[Draw], shape, members: list) -> tuple[mx.array, list[int]]:
+    """p of the stacked rows of ``members`` (one shape): ``[sum N, V]`` and each draw's row count."""
+    counts = [x.shape[0] for _, x in members]
+    blocks = [(draws[i].chain, n) for (i, _), n in zip(members, counts)]
+    coins = None
+    if shape.xtc:
+        coins = _stack([xtc_coins(draws[i].seed, draws[i].first_position, n) for (i, _), n in zip(members, counts)])
+    return distribution_rows(_stack([x for _, x in members]), shape, StageValues.of(blocks, shape), coins), counts
+
+
+def pick_draws(draws: Sequence[Draw]) -> list[mx.array | Exception]:
+    """Per draw, its ``[N]`` tokens as a lazy int32 array, or the exception its own stages raised
+    while the graph was built (see the module docstring)."""
+    out: list = [None] * len(draws)
+    argmax, sampled = _group(draws, out, by_argmax=True)
+    for i, x in argmax:  # an argmax needs no stacking: one reduction per row, no copy
+        out[i] = x.argmax(axis=-1).astype(mx.int32)
     for shape, members in sampled.items():
-        counts = [x.shape[0] for _, x in members]
-        blocks = [(draws[i].chain, n) for (i, _), n in zip(members, counts)]
-        coins = None
-        if shape.xtc:
-            coins = _stack([xtc_coins(draws[i].seed, draws[i].first_position, n) for (i, _), n in zip(members, counts)])
-        probs = distribution_rows(_stack([x for _, x in members]), shape, StageValues.of(blocks, shape), coins)
-        keys = _stack([position_keys(draws[i].seed, draws[i].first_position, n) for (i, _), n in zip(members, counts)])
-        for (i, _), part in zip(members, _split(draw_rows(probs, keys), counts)):
-            out[i] = part
-    return out  # type: ignore[return-value]
+        for run in _chunks(members, members[0][1].shape[-1]):
+            probs, counts = _probs(draws, shape, run)
+            keys = _stack([position_keys(draws[i].seed, draws[i].first_position, n) for (i, _), n in zip(run, counts)])
+            for (i, _), part in zip(run, _split(draw_rows(probs, keys), counts)):
+                out[i] = part
+    return out
 
 
 def distribution_draws(draws: Sequence[Draw]) -> list[mx.array | Exception]:
     """Per draw, p ``[N, V]`` (``SamplerChain.distribution``) lazily, the rows of one shape in one
     graph; or the exception its own stages raised."""
-    out: list[mx.array | Exception | None] = [None] * len(draws)
-    groups: dict = {}
-    for i, draw in enumerate(draws):
-        try:
-            groups.setdefault(draw.chain.shape, []).append((i, _adjusted(draw)))
-        except Exception as exc:
-            out[i] = exc
+    out: list = [None] * len(draws)
+    _, groups = _group(draws, out, by_argmax=False)
     for shape, members in groups.items():
-        counts = [x.shape[0] for _, x in members]
-        blocks = [(draws[i].chain, n) for (i, _), n in zip(members, counts)]
-        coins = None
-        if shape.xtc:
-            coins = _stack([xtc_coins(draws[i].seed, draws[i].first_position, n) for (i, _), n in zip(members, counts)])
-        probs = distribution_rows(_stack([x for _, x in members]), shape, StageValues.of(blocks, shape), coins)
-        for (i, _), part in zip(members, _split(probs, counts)):
-            out[i] = part
-    return out  # type: ignore[return-value]
+        for run in _chunks(members, members[0][1].shape[-1]):
+            probs, counts = _probs(draws, shape, run)
+            for (i, _), part in zip(run, _split(probs, counts)):
+                out[i] = part
+    return out
 
 
 def read_together(rows: Sequence[Sequence[mx.array] | Exception],
@@ -161,6 +195,8 @@ def _read(arrays: list[mx.array]) -> list:
     copied to the host once, and cut back into one list (an int for a 0-d array) each."""
     if any(a.ndim > 1 for a in arrays):
         raise ValueError("read_together reads 0-d and 1-d arrays")
+    for a in arrays:  # queued graph by graph (no wait): each one's intermediates stay in the caches
+        mx.async_eval(a)
     flat = _stack([a.astype(mx.int32).reshape(-1) for a in arrays])
     host = flat.tolist()
     out, at = [], 0
