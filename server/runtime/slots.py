@@ -265,7 +265,8 @@ class SlotRun:
         return PendingSample(draw, None, row, history, allowed)
 
     def sampled(self, pending: PendingSample, token: int) -> int:
-        """The second half: ``token`` chosen for ``pending``, its ``n_probs`` report recorded."""
+        """The second half: ``token`` chosen for ``pending``, its ``n_probs`` report recorded (that
+        report reads its probabilities back on its own, after the step's one readback of tokens)."""
         if self.opts.n_probs > 0:
             prob = self._token_probs(pending.row, pending.history, token, pending.allowed)
             self.probs.append(prob)
