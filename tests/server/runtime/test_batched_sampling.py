@@ -13,6 +13,7 @@ from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.verify import decide_round
 from mlxcel.server.runtime import scheduler as scheduler_module
 from mlxcel.server.runtime.config import ServerConfig
+from mlxcel.server.runtime.reasoning_budget import BudgetSpec
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.speculation import Speculation
 from mlxcel.server.runtime.speculation_settings import resolve
@@ -30,13 +31,21 @@ SAMPLERS = [
 ]
 
 
-def tasks(lm, grammar_at=(), n_predict=10):
+def budget(lm) -> BudgetSpec:
+    """Thinking already open (the start tag in the prompt), two tokens of budget, then ``q`` and the
+    end tag ``z`` forced."""
+    start, end, message = (lm.tokenizer.encode(t)[-1] for t in ("a", "z", "q"))
+    return BudgetSpec(tokens=2, start=(start,), ends=((end,),), forced=(message, end), prefill=(start,))
+
+
+def tasks(lm, grammar_at=(), n_predict=10, budget_at=()):
     out = []
     grammar = compile_grammar(GBNF, 'root ::= ("a" | "b" | " ")+')
     for i, (prompt, params) in enumerate(zip(PROMPTS, SAMPLERS)):
         events: list = []
         opts = GenerationOptions(sampler=params, seed=100 + i, n_predict=n_predict, return_tokens=True,
-                                 cache_prompt=False, grammar=grammar if i in grammar_at else None)
+                                 cache_prompt=False, grammar=grammar if i in grammar_at else None,
+                                 reasoning_budget=budget(lm) if i in budget_at else None)
         out.append(Task(prompt_tokens=lm.tokenizer.encode(prompt), options=opts, sink=events.append))
         out[-1].events = events  # type: ignore[attr-defined]
     return out
@@ -71,9 +80,11 @@ def spy_draws(monkeypatch):
 def test_the_decode_step_draws_every_row_in_one_call_each_as_alone(tiny_llama, monkeypatch):
     widths = spy_draws(monkeypatch)
     scheduler = Scheduler(tiny_llama, n_slots=6)
-    batch = tasks(tiny_llama, grammar_at=(0, 1))
+    batch = tasks(tiny_llama, grammar_at=(0, 1), budget_at=(2,))
     run_all(scheduler, batch)
     assert all(isinstance(t.events[-1], Final) for t in batch)
+    spec = budget(tiny_llama)
+    assert batch[2].events[-1].result.tokens[2:4] == list(spec.forced)  # forced in the middle of batched steps
     assert max(widths) == len(batch)  # one call carried every decoding row
     assert sum(widths) >= len(batch) * 8  # and every decoded token went through it
 
