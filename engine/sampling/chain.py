@@ -21,6 +21,10 @@ random choice for row ``i`` is keyed by its absolute position ``first_position +
 with stream 0, the XTC coin with stream 3), so a position gets the same p and the same token
 whether it is decoded alone or inside a block.
 
+Steps 3-5 are one function over rows (``distribution_rows``): what the chain runs is its
+``StageShape``, its values are ``[N, 1]`` columns (``StageValues``), so rows of many chains of one
+shape go through one graph (``batch_select``) with the ops each runs alone.
+
 Disabled stages cost nothing; the defaults run bias-free top-k 40 -> top-p -> min-p ->
 temperature on ``[N, 40]`` candidates, one scatter back to ``[N, V]``, and no host sync.
 """
