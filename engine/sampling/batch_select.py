@@ -137,13 +137,31 @@ def pick_draws(draws: Sequence[Draw]) -> list[mx.array | Exception]:
     argmax, sampled = _group(draws, out, by_argmax=True)
     for i, x in argmax:  # an argmax needs no stacking: one reduction per row, no copy
         out[i] = x.argmax(axis=-1).astype(mx.int32)
+    def tokens(shape, run):
+        probs, counts = _probs(draws, shape, run)
+        keys = _stack([position_keys(draws[i].seed, draws[i].first_position, n) for (i, _), n in zip(run, counts)])
+        return _split(draw_rows(probs, keys), counts)
+
     for shape, members in sampled.items():
         for run in _chunks(members, members[0][1].shape[-1]):
-            probs, counts = _probs(draws, shape, run)
-            keys = _stack([position_keys(draws[i].seed, draws[i].first_position, n) for (i, _), n in zip(run, counts)])
-            for (i, _), part in zip(run, _split(draw_rows(probs, keys), counts)):
-                out[i] = part
+            _build(run, lambda r, shape=shape: tokens(shape, r), out)
     return out
+
+
+def _build(run: list, build: Callable[[list], list[mx.array]], out: list) -> None:
+    """``build`` over the stacked ``run``, its parts into ``out``; when stacking fails (rows that
+    cannot share a graph), each member is built alone and the one at fault gets its exception."""
+    try:
+        parts = build(run)
+    except Exception:
+        for m in run:
+            try:
+                (out[m[0]],) = build([m])
+            except Exception as exc:
+                out[m[0]] = exc
+        return
+    for (i, _), part in zip(run, parts):
+        out[i] = part
 
 
 def distribution_draws(draws: Sequence[Draw]) -> list[mx.array | Exception]:
@@ -151,11 +169,13 @@ def distribution_draws(draws: Sequence[Draw]) -> list[mx.array | Exception]:
     graph; or the exception its own stages raised."""
     out: list = [None] * len(draws)
     _, groups = _group(draws, out, by_argmax=False)
+    def probs(shape, run):
+        p, counts = _probs(draws, shape, run)
+        return _split(p, counts)
+
     for shape, members in groups.items():
         for run in _chunks(members, members[0][1].shape[-1]):
-            probs, counts = _probs(draws, shape, run)
-            for (i, _), part in zip(run, _split(probs, counts)):
-                out[i] = part
+            _build(run, lambda r, shape=shape: probs(shape, r), out)
     return out
 
 

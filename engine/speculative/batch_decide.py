@@ -37,7 +37,6 @@ import numpy as np
 
 from mlxcel.engine.sampling.batch_select import Draw, distribution_draws, pick_draws, read_together
 from mlxcel.engine.sampling.chain import SamplerChain
-from mlxcel.engine.sampling.grammar import GrammarError
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows, fill_masks
 from mlxcel.engine.speculative.acceptance import (
     ARGMAX_AGAINST_ARGMAX,
@@ -83,7 +82,7 @@ def _masks(rows: Sequence[DecideRow]) -> list[mx.array | None]:
         return out
     try:
         masks = fill_masks([(r.grammar, r.prep.drafts) for _, r in constrained])
-    except GrammarError:
+    except Exception:  # a matcher that fails (GrammarError) fails alone, computing its own rows
         return out
     for (i, r), mask in zip(constrained, masks):
         out[i] = allowed_rows(mask, r.logits.shape[-1])

@@ -143,6 +143,10 @@ def test_a_row_that_fails_fails_alone(tiny_llama, rows, monkeypatch):
     got = select_draws(draws[:3] + [bad] + draws[4:])
     assert isinstance(got[3], Exception)
     assert got[:3] + got[4:] == expected[:3] + expected[4:]
+    # rows that cannot share a graph (another width) are each drawn alone, and get their own tokens
+    defaults = next(d for d in draws if d.chain.params == BASE)
+    wide = replace(defaults, logits=mx.concatenate([defaults.logits, defaults.logits[:, :5]], axis=-1))
+    assert select_draws(draws + [wide]) == expected + [alone(wide)]
     # the shared evaluation failing: every row is evaluated alone, and still gets its own tokens
     real = batch_select._read
     monkeypatch.setattr(batch_select, "_read",
