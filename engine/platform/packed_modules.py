@@ -39,27 +39,40 @@ class SharedInput:
     with that same array object; each is bitwise what the member's own product gives, so callers
     that call the projections one by one (mlx-lm's attention and MLP, ``engine/decode/ragged.py``)
     need no change. A member called with another array, or again with the same one, computes
-    afresh; the kept outputs are dropped once every member has taken its own."""
+    afresh; the kept outputs are dropped once every member has taken its own.
+
+    This runs 2 times per layer per step, so it is kept short: the member's place in the group
+    is stored on the member, and the product's argument lists are built once and rebuilt only
+    when a member's ``packed`` array is replaced (``load_weights``)."""
 
     def __init__(self, members: list[PackedLinear]):
         self._members = [weakref.ref(m) for m in members]  # no cycle: a dropped model frees by refcount
         self._x = None
         self._outs: dict[int, mx.array] = {}
+        self._args: tuple | None = None  # (packed arrays, qtypes, groups, ns, k)
+
+    def _multi_args(self) -> tuple:
+        packed = [ref()["packed"] for ref in self._members]
+        args = self._args
+        if args is None or any(a is not b for a, b in zip(packed, args[0])):
+            specs = [ref()._spec for ref in self._members]  # (qtype, group, n, k)
+            args = self._args = (packed, [s[0] for s in specs], [s[1] for s in specs], [s[2] for s in specs],
+                                 specs[0][3])
+        return args
 
     def product(self, member: PackedLinear, x: mx.array) -> mx.array:
-        members = [ref() for ref in self._members]
-        i = next(j for j, m in enumerate(members) if m is member)
-        if self._x is x and i in self._outs:
-            y = self._outs.pop(i)
-            if not self._outs:
+        i = member._shared_index
+        outs = self._outs
+        if self._x is x and i in outs:
+            y = outs.pop(i)
+            if not outs:
                 self._x = None
             return y
-        rows = x.size // max(1, x.shape[-1])
-        if WIDE_ROWS and rows >= WIDE_ROWS:
+        if WIDE_ROWS and x.size // max(1, x.shape[-1]) >= WIDE_ROWS:
             return product(x, member.weight_spec)
-        outs = qmatmul.qmatmul_multi(x, [m.weight_spec for m in members])
-        self._x, self._outs = x, {j: y for j, y in enumerate(outs) if j != i}
-        return outs[i]
+        ys = qmatmul.qmatmul_multi_args(x, *self._multi_args())
+        self._x, self._outs = x, {j: y for j, y in enumerate(ys) if j != i}
+        return ys[i]
 
 
 # Children of one module that mlx-lm's models call on the same input, by name.
@@ -82,14 +95,28 @@ def share_inputs(model: nn.Module) -> int:
             if len({m._spec[3] for m in members}) != 1:
                 continue
             group = SharedInput(members)
-            for m in members:
+            for j, m in enumerate(members):
                 m._shared = group
+                m._shared_index = j
             groups += 1
     return groups
 
 
+def _weight_spec(module: nn.Module) -> PackedWeight:
+    """The module's ``PackedWeight``, made once and again only when its ``packed`` array has been
+    replaced (``load_weights``); every projection call asks for it."""
+    packed = module["packed"]
+    w = module._weight
+    if w is None or w.packed is not packed:
+        qtype, group, n, k = module._spec
+        w = module._weight = PackedWeight(packed, qtype, n, k, group)
+    return w
+
+
 class PackedLinear(nn.Module):
     _shared: SharedInput | None = None  # set by share_inputs
+    _shared_index = 0
+    _weight: PackedWeight | None = None  # weight_spec's last answer
 
     def __init__(self, w: PackedWeight, bias: bool = False):
         super().__init__()
@@ -100,8 +127,7 @@ class PackedLinear(nn.Module):
 
     @property
     def weight_spec(self) -> PackedWeight:
-        qtype, group, n, k = self._spec
-        return PackedWeight(self.packed, qtype, n, k, group)
+        return _weight_spec(self)
 
     def _extra_repr(self) -> str:
         qtype, group, n, k = self._spec
@@ -120,10 +146,11 @@ class PackedEmbedding(nn.Module):
         self.packed = w.packed
         self._spec = (w.qtype, w.group, w.n, w.k)
 
+    _weight: PackedWeight | None = None
+
     @property
     def weight_spec(self) -> PackedWeight:
-        qtype, group, n, k = self._spec
-        return PackedWeight(self.packed, qtype, n, k, group)
+        return _weight_spec(self)
 
     def _extra_repr(self) -> str:
         qtype, _, n, k = self._spec

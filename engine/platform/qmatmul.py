@@ -140,6 +140,12 @@ def qmatmul_multi(x: mx.array, ws: list[PackedWeight]) -> list[mx.array]:
                               [w.n for w in ws], ws[0].k)
 
 
+def qmatmul_multi_args(x: mx.array, packed: list[mx.array], qtypes: list[int], groups: list[int], ns: list[int],
+                       k: int) -> list[mx.array]:
+    """``qmatmul_multi`` with its argument lists already made (``packed_modules.SharedInput``)."""
+    return _ext.qmatmul_multi(x, packed, qtypes, groups, ns, k)
+
+
 def has_multi() -> bool:
     """Whether the loaded extension has ``qmatmul_multi`` (builds from before it do not)."""
     ext = _load()
