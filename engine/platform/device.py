@@ -23,6 +23,7 @@ from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.blas_shim import shim_library
 from mlxcel.engine.platform.compiled_rope import compile_decode_rope
 from mlxcel.engine.platform.fused_layers import fuse_layers
+from mlxcel.engine.platform.lean_blocks import lean_blocks
 from mlxcel.engine.platform.openblas_core import coretype
 from mlxcel.engine.platform.packed_modules import share_inputs
 
@@ -193,7 +194,9 @@ def prepare_for_decode(model) -> None:
     whose weights run on the quantized kernels: norms, rotary embeddings and attention as single
     primitives (``fused_layers.py``; ``MLXCEL_FUSED_OPS=0`` turns it off), and the q/k/v and gate/up
     projections of a layer as one product each (``packed_modules.share_inputs``;
-    ``MLXCEL_SHARED_INPUT=0`` turns it off); otherwise one-token
+    ``MLXCEL_SHARED_INPUT=0`` turns it off), and with both, llama / qwen2 blocks' forward as one
+    short function over them (``lean_blocks.py``, the same graph with less Python; ``MLXCEL_LEAN_BLOCKS=0``
+    turns it off); otherwise one-token
     rotary embeddings as one compiled kernel (``compiled_rope.py``; bitwise the same output;
     ``MLXCEL_COMPILED_ROPE=0`` turns it off). Nothing on Metal or CUDA."""
     if on_gpu():
@@ -203,5 +206,7 @@ def prepare_for_decode(model) -> None:
         fuse_layers(model)
     if packed and qmatmul.available() and not _off("MLXCEL_SHARED_INPUT"):
         share_inputs(model)
+        if not _off("MLXCEL_FUSED_OPS") and not _off("MLXCEL_LEAN_BLOCKS"):
+            lean_blocks(model)
     if not _off("MLXCEL_COMPILED_ROPE"):
         compile_decode_rope(model)

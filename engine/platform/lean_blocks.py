@@ -1,0 +1,133 @@
+"""A decoder block's forward as one short Python function, for llama-style blocks whose every
+piece already runs as one CPU primitive (packed weights, ``fused_layers``, ``share_inputs``).
+
+With the kernels and the fused ops in place, a SmolLM2 one-token step still spent ~2.4 ms of CPU
+building its graph in Python (profiled: ~110 Python calls per layer: module ``__call__``s,
+``nn.Module.__getattr__``, the shared-input bookkeeping, the fused ops' own checks) for ~24 MLX
+ops per layer. :class:`LeanBlock` builds the same graph, op for op and in the same order (same
+primitives, same inputs, so bitwise the same outputs), from attributes read once when the block
+is swapped; whatever its fast path does not cover goes to mlx-lm's own ``__call__``, unchanged:
+a cache other than a list of plain per-layer caches with an integer offset (the batch caches'
+per-row offsets, a quantized cache), an attention mask array, no cache, inputs that are not
+float32, or ``MLXCEL_WIDE_ROWS`` products.
+
+Only the exact classes in ``_BLOCKS`` are swapped (their ``__call__``s are the same few lines),
+and only when each piece is the packed / fused kind; the parameter tree is untouched (the
+block's class changes to a subclass, nothing is renamed). ``MLXCEL_LEAN_BLOCKS=0`` turns it off
+(``device.prepare_for_decode``).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxcel.engine.platform import packed_modules, qmatmul
+from mlxcel.engine.platform.fused_layers import FusedRMSNorm, FusedRoPE
+from mlxcel.engine.platform.packed_modules import PackedLinear
+
+_BLOCKS = {("mlx_lm.models.llama", "TransformerBlock"), ("mlx_lm.models.qwen2", "TransformerBlock")}
+_lean_classes: dict[type, type] = {}
+
+
+def _bias(module: PackedLinear):
+    return module["bias"] if "bias" in module else None
+
+
+class LeanBlock:
+    """Mixed in ahead of the mlx-lm block class; ``_plan`` is set by :func:`lean_blocks`."""
+
+    _plan: tuple | None = None
+
+    def __call__(self, x, mask=None, cache=None):
+        plan = self._plan
+        if (plan is None or cache is None or not isinstance(cache.offset, int) or hasattr(cache, "bits")
+                or not (mask is None or isinstance(mask, str) and mask == "causal") or x.dtype != mx.float32
+                or x.ndim != 3 or packed_modules.WIDE_ROWS):
+            return super().__call__(x, mask, cache)
+        (ext, norm1, eps1, qkv, qkv_bias, n_heads, n_kv_heads, rope, scale, o, o_bias,
+         norm2, eps2, gate_up, down, down_bias) = plan
+        B, L, _ = x.shape
+        # attention (mlx-lm's Attention.__call__ with the fused ops)
+        q, k, v = ext.qmatmul_multi(ext.rms_norm(x, norm1, eps1), *qkv)
+        if qkv_bias is not None:
+            q, k, v = q + qkv_bias[0], k + qkv_bias[1], v + qkv_bias[2]
+        q = q.reshape(B, L, n_heads, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(B, L, n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = v.reshape(B, L, n_kv_heads, -1).transpose(0, 2, 1, 3)
+        offset = cache.offset
+        q = ext.rope(q, *rope, offset)
+        k = ext.rope(k, *rope, offset)
+        k, v = cache.update_and_fetch(k, v)
+        a = ext.attention(q, k, v, scale, mask is not None)
+        r = ext.qmatmul(a.transpose(0, 2, 1, 3).reshape(B, L, -1), *o)
+        if o_bias is not None:
+            r = r + o_bias
+        h = x + r
+        # MLP
+        g, u = ext.qmatmul_multi(ext.rms_norm(h, norm2, eps2), *gate_up)
+        r = ext.qmatmul(ext.swiglu(g, u), *down)
+        if down_bias is not None:
+            r = r + down_bias
+        return h + r
+
+
+def _plan(block) -> tuple | None:
+    attn, mlp = block.self_attn, block.mlp
+    qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+    gate_up = [mlp.gate_proj, mlp.up_proj]
+    mod = sys.modules[type(block).__module__]
+    if not (all(type(m) is PackedLinear for m in (*qkv, *gate_up, attn.o_proj, mlp.down_proj))
+            and isinstance(block.input_layernorm, FusedRMSNorm)
+            and isinstance(block.post_attention_layernorm, FusedRMSNorm) and isinstance(attn.rope, FusedRoPE)
+            and getattr(getattr(mod, "scaled_dot_product_attention", None), "mlxcel_fused", False)
+            and getattr(getattr(mod, "swiglu", None), "mlxcel_fused", False)):
+        return None
+    for group in (qkv, gate_up):  # joined by share_inputs, in this order
+        if group[0]._shared is None or any(m._shared is not group[0]._shared or m._shared_index != j
+                                           for j, m in enumerate(group)):
+            return None
+    # (type(m) is, not isinstance: a sharded linear adds an all_sum to its product)
+    if any(_bias(m) is not None for m in gate_up):
+        return None
+    biases = [_bias(m) for m in qkv]
+    if any(b is None for b in biases) and any(b is not None for b in biases):
+        return None
+    o, down = attn.o_proj.weight_spec, mlp.down_proj.weight_spec
+    rope = attn.rope
+    return (qmatmul.extension(), block.input_layernorm.weight, block.input_layernorm.eps,
+            qkv[0]._shared._multi_args(), None if biases[0] is None else tuple(biases),
+            attn.n_heads, attn.n_kv_heads, (rope.dims, rope.traditional, float(rope.base), float(rope.scale)),
+            float(attn.scale), (o.packed, o.qtype, o.group, o.n, o.k), _bias(attn.o_proj),
+            block.post_attention_layernorm.weight, block.post_attention_layernorm.eps,
+            gate_up[0]._shared._multi_args(), (down.packed, down.qtype, down.group, down.n, down.k),
+            _bias(mlp.down_proj))
+
+
+def _lean_class(cls: type) -> type:
+    if cls not in _lean_classes:
+        _lean_classes[cls] = type(f"Lean{cls.__name__}", (LeanBlock, cls), {"__module__": cls.__module__})
+    return _lean_classes[cls]
+
+
+def lean_blocks(model: nn.Module) -> int:
+    """Swap each eligible block of ``model`` (after ``fuse_layers`` and ``share_inputs``) to its
+    lean subclass; the count. The plan holds the weights as they are now: a later
+    ``load_weights`` must call this again or the block keeps the old arrays."""
+    swapped = 0
+    for _, module in model.named_modules():
+        cls = type(module)
+        base = cls.__mro__[2] if issubclass(cls, LeanBlock) else cls
+        if (base.__module__, base.__name__) not in _BLOCKS:
+            continue
+        plan = _plan(module)
+        if plan is None:
+            if isinstance(module, LeanBlock):
+                object.__setattr__(module, "_plan", None)
+            continue
+        module.__class__ = _lean_class(base)
+        object.__setattr__(module, "_plan", plan)  # not a parameter: past nn.Module's __setattr__
+        swapped += 1
+    return swapped
