@@ -270,7 +270,8 @@ class RaggedBatch:
     def forward(self, plan: StepPlan) -> list[mx.array | None]:
         """Run ``plan`` (which must name every row, in ``self.rows`` order) in one forward; returns
         each row's logits ``[plan.logits[i], V]`` for its last ``plan.logits[i]`` positions (None
-        where it asked for none), queued (``mx.async_eval``). Each row's cache then holds its tokens.
+        where it asked for none), queued (``mx.async_eval``). Each row's cache then holds its tokens
+        (a row may bring none: it waits, its cache unchanged).
 
         The forward never carries a single token, nor a head over a single position: a one-row
         matmul takes another kernel than a taller one (other rounding), so a lone one-token step is
@@ -279,10 +280,10 @@ class RaggedBatch:
         if plan.rows != self.rows:
             raise ValueError("the step plan must name every row of the batch, in order")
         counts = [len(t) for t in plan.tokens]
-        if not all(counts):
-            raise ValueError("every row of a ragged forward feeds at least one token")
-        tokens = [list(t) for t in plan.tokens]
-        if sum(counts) == 1:
+        # a row with nothing this iteration (a prompt past the chunk budget) feeds one padding token,
+        # written past its end and never counted; a lone token is fed twice (see above)
+        tokens = [list(t) if t else [0] for t in plan.tokens]
+        if sum(len(t) for t in tokens) == 1:
             tokens[0] = tokens[0] + tokens[0]
         for layer in self.cache:
             layer.begin([len(t) for t in tokens])
@@ -292,7 +293,7 @@ class RaggedBatch:
         wanted = [list(range(starts[i] + c - n, starts[i] + c)) for i, (c, n) in enumerate(zip(counts, plan.logits))]
         if packable(self.model):
             picks = [j for w in wanted for j in w]
-            flat = _packed_forward(self.model, tokens, self.cache, picks) if picks else None
+            flat = _packed_forward(self.model, tokens, self.cache, picks)  # the caches are written even with no head
             logits, at = [], 0
             for w in wanted:
                 logits.append(flat[at:at + len(w)] if w else None)
@@ -328,7 +329,7 @@ def packable(model) -> bool:
         for layer in layers)
 
 
-def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], picks: list[int]) -> mx.array:
+def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], picks: list[int]) -> mx.array | None:
     """The model's forward over the rows' tokens with no padding in the matmuls: the embedding,
     projections, MLPs, norms and head see the ``N`` real tokens as one flat sequence, and the head
     only the positions in ``picks`` (flat indices; a lone one is projected twice, see ``forward``).
@@ -340,7 +341,7 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
     MLX's masked attention on a padded ``[B, width]`` view gathered from the flat rows (exact only
     where its kernels round a row independently of the padded shape). Written here because mlx-lm's
     models take one rectangular batch only; the ops are the model's own, in its order. Returns the
-    logits ``[len(picks), V]``."""
+    logits ``[len(picks), V]`` (None without picks: the caches' writes are what the forward is for)."""
     inner = model.model
     b = len(tokens)
     width = max(len(t) for t in tokens)
@@ -383,6 +384,8 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
             o = mx.take(o.transpose(0, 2, 1, 3).reshape(b * width, -1), scatter_idx, axis=0)[None]
         h = h + attn.o_proj(o)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
+    if not picks:
+        return None
     lone = len(picks) == 1
     h = mx.take(h[0], mx.array(picks + picks if lone else picks, dtype=mx.int32), axis=0)[None]
     h = inner.norm(h)

@@ -97,23 +97,26 @@ def test_the_fused_ragged_attention_is_what_the_packed_model_runs(q8, tiny_llama
     assert runs_fused(q8.model) and not runs_fused(tiny_llama.model)
 
 
-def test_prompts_prefilled_as_rows_are_bitwise_the_single_sequence_prefill(q8):
-    # a row joins empty, another with a reused 3-token prefix; both feed 16-token prompt chunks beside
-    # a decoding row and ask for their last position's logits only: the logits and the caches are the
-    # bits of the single-sequence prefill (same chunks)
+@pytest.mark.parametrize("beside", [True, False])
+def test_prompts_prefilled_as_rows_are_bitwise_the_single_sequence_prefill(q8, beside):
+    # a row joins empty, another with a reused 3-token prefix; both feed 16-token prompt chunks (beside
+    # a decoding row, or alone: forwards that want no logits at all) and ask for their last position's
+    # logits only: the logits and the caches are the bits of the single-sequence prefill (same chunks)
     prompts = {"a": [rng.randrange(300) for _ in range(37)], "b": [rng.randrange(300) for _ in range(20)]}
     reused = {"a": 0, "b": 3}
     batch = RaggedBatch(q8.model)
     batch.add("a", q8.make_cache())
     batch.add("b", prefilled(q8, prompts["b"][:3]))
-    batch.add("c", prefilled(q8, CONTEXTS[0]))
+    if beside:
+        batch.add("c", prefilled(q8, CONTEXTS[0]))
     done, got = dict(reused), {}
     while any(done[r] < len(p) for r, p in prompts.items()):
         plan = StepPlan()
         for row, prompt in prompts.items():
             chunk = prompt[done[row]:done[row] + 16] or [7]  # a finished prompt decodes on
             plan.add(row, chunk, batch.length(row), logits=1 if done[row] + len(chunk) >= len(prompt) else 0)
-        plan.add("c", [5], batch.length("c"))
+        if beside:
+            plan.add("c", [5], batch.length("c"))
         logits = batch.forward(plan)
         mx.eval([x for x in logits if x is not None])
         for row, out, chunk in zip(plan.rows, logits, plan.tokens):
