@@ -95,74 +95,90 @@ def joinable(cache: list[Any]) -> bool:
 class RaggedKVCache:
     """One attention layer's cache for rows of different lengths (module docstring).
 
-    ``keys`` / ``values``: ``[B, capacity, heads, dim]``, token-major so that a forward's new
-    entries (each at its row's own position) are written by one scatter; ``lengths[i]``: the tokens
-    row ``i`` holds. ``keys`` is None until a row brings or writes an entry (a row may join empty:
-    a prompt prefilled in the batch). During a forward, ``offset`` is the per-row lengths before it
-    (the rotary positions of the padded layout) and ``make_mask`` the per-row causal mask."""
+    ``keys`` / ``values``: ``[P, capacity, heads, dim]``, token-major so that a forward's new
+    entries (each at its row's own position) are written by one scatter. Rows live in physical
+    places: row ``i`` (in batch order) is place ``places[i]`` and holds ``lengths[i]`` tokens; a row
+    that leaves frees its place for the next one to join, so neither joining nor leaving moves the
+    other rows' entries (places grow by doubling). ``keys`` is None until a row brings or writes an
+    entry (a row may join empty: a prompt prefilled in the batch). During a forward, ``offset`` is
+    the per-row lengths before it (the rotary positions of the padded layout) and ``make_mask`` the
+    per-row causal mask."""
 
-    def __init__(self):
+    def __init__(self, places: int = 1):
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.lengths: list[int] = []
+        self.places: list[int] = []
+        self.free: list[int] = list(range(max(1, places)))
+        self._initial = max(1, places)
         self.offset: mx.array = mx.array([], dtype=mx.int32)
         self._counts: list[int] = []
 
     # -- rows in and out ---------------------------------------------------------------------------
 
-    def _allocate(self, heads: int, dim: int, dtype) -> None:
-        cap = ((max(max(self.lengths, default=0), 1) + _STEP - 1) // _STEP) * _STEP
-        self.keys = mx.zeros((len(self.lengths), cap, heads, dim), dtype=dtype)
-        self.values = mx.zeros((len(self.lengths), cap, heads, dim), dtype=dtype)
+    def _capacity(self, need: int) -> int:
+        return ((max(need, 1) + _STEP - 1) // _STEP) * _STEP
+
+    def _allocate(self, heads: int, dim: int, dtype, need: int) -> None:
+        places = max(1, len(self.places) + len(self.free))
+        shape = (places, self._capacity(need), heads, dim)
+        self.keys, self.values = mx.zeros(shape, dtype=dtype), mx.zeros(shape, dtype=dtype)
 
     def _reserve(self, need: int) -> None:
         cap = self.keys.shape[1]
         if need <= cap:
             return
-        new_cap = ((need + _STEP - 1) // _STEP) * _STEP
-        b, _, h, d = self.keys.shape
-        pad = mx.zeros((b, new_cap - cap, h, d), dtype=self.keys.dtype)
+        p, _, h, d = self.keys.shape
+        pad = mx.zeros((p, self._capacity(need) - cap, h, d), dtype=self.keys.dtype)
         self.keys = mx.concatenate([self.keys, pad], axis=1)
         self.values = mx.concatenate([self.values, pad], axis=1)
 
-    def append_row(self, layer: KVCache) -> None:
-        n = int(layer.offset) if layer.keys is not None else 0
-        if n == 0:
-            self.lengths.append(0)
+    def _place(self) -> int:
+        """A free place for a joining row (more places, doubled, when none is free)."""
+        if not self.free:
+            total = len(self.places)
+            grow = max(1, total)
+            self.free = list(range(total, total + grow))
             if self.keys is not None:
-                b, cap, h, d = self.keys.shape
-                pad = mx.zeros((1, cap, h, d), dtype=self.keys.dtype)
+                _, cap, h, d = self.keys.shape
+                pad = mx.zeros((grow, cap, h, d), dtype=self.keys.dtype)
                 self.keys = mx.concatenate([self.keys, pad], axis=0)
                 self.values = mx.concatenate([self.values, pad], axis=0)
+        return self.free.pop(0)
+
+    def append_row(self, layer: KVCache) -> None:
+        n = int(layer.offset) if layer.keys is not None else 0
+        place = self._place()
+        self.places.append(place)
+        self.lengths.append(n)
+        if n == 0:
             return
         k = layer.keys[..., :n, :].transpose(0, 2, 1, 3)  # [1, n, heads, dim]
         v = layer.values[..., :n, :].transpose(0, 2, 1, 3)
         if self.keys is None:
-            self._allocate(k.shape[2], k.shape[3], k.dtype)
+            self._allocate(k.shape[2], k.shape[3], k.dtype, n)
         self._reserve(n)
-        cap = self.keys.shape[1]
-        pad = mx.zeros((1, cap - n, k.shape[2], k.shape[3]), dtype=self.keys.dtype)
-        self.keys = mx.concatenate([self.keys, mx.concatenate([k, pad], axis=1)], axis=0)
-        self.values = mx.concatenate([self.values, mx.concatenate([v, pad], axis=1)], axis=0)
-        self.lengths.append(n)
+        self.keys[place:place + 1, :n] = k
+        self.values[place:place + 1, :n] = v
 
     def extract_row(self, i: int) -> KVCache:
         layer = KVCache()
-        n = self.lengths[i]
+        n, place = self.lengths[i], self.places[i]
         if n:
-            layer.keys = mx.contiguous(self.keys[i:i + 1, :n].transpose(0, 2, 1, 3))
-            layer.values = mx.contiguous(self.values[i:i + 1, :n].transpose(0, 2, 1, 3))
+            layer.keys = mx.contiguous(self.keys[place:place + 1, :n].transpose(0, 2, 1, 3))
+            layer.values = mx.contiguous(self.values[place:place + 1, :n].transpose(0, 2, 1, 3))
             layer.offset = n
         return layer
 
     def keep_rows(self, keep: list[int]) -> None:
+        kept = set(keep)
+        self.free.extend(p for i, p in enumerate(self.places) if i not in kept)
+        self.free.sort()
         self.lengths = [self.lengths[i] for i in keep]
+        self.places = [self.places[i] for i in keep]
         if not keep:
             self.keys = self.values = None
-            return
-        if self.keys is not None:
-            index = mx.array(keep, dtype=mx.int32)
-            self.keys, self.values = self.keys[index], self.values[index]
+            self.free = list(range(self._initial))
 
     # -- the forward -----------------------------------------------------------------------------------
 
@@ -170,31 +186,35 @@ class RaggedKVCache:
         """Before a forward in which row ``i`` feeds ``counts[i]`` tokens (padding included)."""
         self._counts = [int(c) for c in counts]
         if self.keys is not None:
-            self._reserve(max(n + c for n, c in zip(self.lengths, self._counts)))
+            self._reserve(self._need())
         self.offset = mx.array(self.lengths, dtype=mx.int32)
 
-    def write(self, rows: mx.array, positions: mx.array, keys: mx.array, values: mx.array) -> None:
-        """Store entry ``j`` (``keys[j]``: ``[heads, dim]``) at row ``rows[j]``, position ``positions[j]``."""
-        if self.keys is None:
-            self._allocate(keys.shape[1], keys.shape[2], keys.dtype)
-            self._reserve(max(n + c for n, c in zip(self.lengths, self._counts)))
-        self.keys[rows, positions] = keys
-        self.values[rows, positions] = values
+    def _need(self) -> int:
+        # room for the padded layout too (every row written ``max(counts)`` places on from its length)
+        return max(self.lengths) + max(self._counts)
 
-    def head_major(self, end: int | None = None) -> tuple[mx.array, mx.array]:
-        """The keys and values as ``[B, heads, end, dim]`` views (no copy)."""
-        k, v = (self.keys, self.values) if end is None else (self.keys[:, :end], self.values[:, :end])
-        return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    def write(self, places: mx.array, positions: mx.array, keys: mx.array, values: mx.array) -> None:
+        """Store entry ``j`` (``keys[j]``: ``[heads, dim]``) at place ``places[j]``, position ``positions[j]``."""
+        if self.keys is None:
+            self._allocate(keys.shape[1], keys.shape[2], keys.dtype, self._need())
+        self.keys[places, positions] = keys
+        self.values[places, positions] = values
+
+    def head_major(self) -> tuple[mx.array, mx.array]:
+        """Every place's keys and values as ``[P, heads, capacity, dim]`` views (no copy)."""
+        return self.keys.transpose(0, 2, 1, 3), self.values.transpose(0, 2, 1, 3)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """What an mlx-lm attention layer calls on the padded layout: ``keys`` ``[B, heads, width, dim]``,
-        row ``i``'s entries written from its own length on (its padding past its end, never attended)."""
+        row ``i``'s entries written from its own length on (its padding past its end, never attended);
+        returns the rows' keys and values ``[B, heads, end, dim]``, in batch order."""
         b, h, width, d = keys.shape
-        rows = mx.repeat(mx.arange(b, dtype=mx.int32), width)
+        places = mx.array(self.places, dtype=mx.int32)
         positions = (self.offset[:, None] + mx.arange(width, dtype=mx.int32)[None, :]).reshape(-1)
-        self.write(rows, positions, keys.transpose(0, 2, 1, 3).reshape(b * width, h, d),
+        self.write(mx.repeat(places, width), positions, keys.transpose(0, 2, 1, 3).reshape(b * width, h, d),
                    values.transpose(0, 2, 1, 3).reshape(b * width, h, d))
-        return self.head_major(max(self.lengths) + width)
+        end = max(self.lengths) + width
+        return (self.keys[places, :end].transpose(0, 2, 1, 3), self.values[places, :end].transpose(0, 2, 1, 3))
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
         """Row ``i``'s query ``t`` (absolute position ``L_i + t``) sees keys ``0 .. L_i + t``."""
@@ -215,8 +235,10 @@ class RaggedKVCache:
 class RaggedBatch:
     """The rows of a ragged forward, keyed by slot id, with one :class:`RaggedKVCache` per layer."""
 
-    def __init__(self, model):
+    def __init__(self, model, places: int = 1):
+        """``places``: rows to make room for at once (the server's slots); more are added as rows join."""
         self.model = model
+        self.places = places
         self.rows: list[Hashable] = []
         self.cache: list[RaggedKVCache] | None = None
 
@@ -236,7 +258,7 @@ class RaggedBatch:
         if not joinable(cache):
             raise ValueError("only plain KVCache layers can join a ragged batch")
         if self.cache is None:
-            self.cache = [RaggedKVCache() for _ in cache]
+            self.cache = [RaggedKVCache(self.places) for _ in cache]
         for layer, single in zip(self.cache, cache):
             layer.append_row(single)
         mx.eval([layer.state for layer in self.cache])
@@ -350,7 +372,8 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
     fused = runs_fused(model)
     if fused:
         lengths = cache[0].lengths
-        rows_idx = mx.array([i for i, row in enumerate(tokens) for _ in row], dtype=mx.int32)
+        places = cache[0].places  # every layer keeps its rows in the same places
+        rows_idx = mx.array([places[i] for i, row in enumerate(tokens) for _ in row], dtype=mx.int32)
         pos_idx = mx.array([lengths[i] + t for i, row in enumerate(tokens) for t in range(len(row))], dtype=mx.int32)
     else:
         starts, gather, scatter = 0, [], []

@@ -106,7 +106,8 @@ class Scheduler:
         self._pending: deque[Task] = deque()
         self._jobs: deque[Job] = deque()
         self._batch = DecodeBatch(loaded.model)
-        self._ragged = RaggedBatch(loaded.model)  # the rows of the iteration's one forward (module docstring)
+        # the rows of the iteration's one forward (module docstring)
+        self._ragged = RaggedBatch(loaded.model, places=n_slots)
         # Which rows besides the speculating ones share that forward: on a model whose forward the ragged
         # batch runs flat (``packable``), plain rows and prompt chunks too, on a speculative server (one
         # forward per iteration) and on any server where the model runs the fused CPU ops (there the
@@ -439,7 +440,7 @@ class Scheduler:
         for slot in busy:
             slot.run.task.sink(Failed(exceeded()))
         self._batch = DecodeBatch(self.lm.model)  # every row in it is gone
-        self._ragged = RaggedBatch(self.lm.model)
+        self._ragged = RaggedBatch(self.lm.model, places=len(self.slots))
         for slot in busy:
             slot.cache, slot.tokens, slot.run = None, [], None
         return False
@@ -559,7 +560,7 @@ class Scheduler:
                 run.task.sink(Failed(error))
                 slot = self.slots[row]
                 slot.cache, slot.tokens, slot.run = None, [], None
-            self._ragged = RaggedBatch(self.lm.model)
+            self._ragged = RaggedBatch(self.lm.model, places=len(self.slots))
             return
         now = time.perf_counter()
         finished = []
@@ -773,7 +774,7 @@ class Scheduler:
                 self._ragged.remove([slot.id])
         except Exception:
             log.exception("could not remove slot %d from the ragged batch", slot.id)
-            self._ragged = RaggedBatch(self.lm.model)
+            self._ragged = RaggedBatch(self.lm.model, places=len(self.slots))
         slot.cache, slot.tokens, slot.run = None, [], None
 
 

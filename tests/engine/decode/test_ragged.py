@@ -137,3 +137,26 @@ def test_prompts_prefilled_as_rows_are_bitwise_the_single_sequence_prefill(q8, b
         for mine, ref in zip(out, cache):
             assert mx.array_equal(mine.keys[..., :n, :], ref.keys[..., :n, :]).item(), row
             assert mx.array_equal(mine.values[..., :n, :], ref.values[..., :n, :]).item(), row
+
+
+def test_rows_leave_and_join_in_freed_places_without_touching_the_others(q8):
+    batch = RaggedBatch(q8.model, places=2)
+    for i in (0, 1):
+        batch.add(i, prefilled(q8, CONTEXTS[i]))
+    step(batch, [[3, 4], [5]])
+    out = batch.remove([0])[0]  # its place is free; row 2 takes it, row 3 needs a new one
+    batch.add(2, prefilled(q8, CONTEXTS[2]))
+    batch.add(3, out)
+    assert sorted(batch.cache[0].places) == [0, 1, 2]
+    together, _ = step(batch, [[6], [7, 8], [9, 1, 2]])
+    # each row alone, through the same forwards: the same bits
+    for row, context, history in ((1, CONTEXTS[1], [[5], [6]]), (2, CONTEXTS[2], [[7, 8]]),
+                                  (3, CONTEXTS[0], [[3, 4], [9, 1, 2]])):
+        alone = RaggedBatch(q8.model)
+        alone.add(row, prefilled(q8, context))
+        for block in history:
+            got, _ = step(alone, [block])
+        assert mx.array_equal(got[0], together[batch.rows.index(row)]).item(), row
+    mine = batch.remove([3])[3]
+    assert all(mx.array_equal(a.keys[..., :a.offset, :], b.keys[..., :a.offset, :]).item()
+               for a, b in zip(out, mine))
