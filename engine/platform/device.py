@@ -23,6 +23,7 @@ from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.blas_shim import shim_library
 from mlxcel.engine.platform.compiled_rope import compile_decode_rope
 from mlxcel.engine.platform.fused_layers import fuse_layers
+from mlxcel.engine.platform.openblas_core import coretype
 
 # Debian's libopenblas0-pthread; the first that exists is used.
 OPENBLAS_CANDIDATES = (
@@ -133,6 +134,9 @@ def env_with_fast_blas(env: dict | None = None) -> dict:
         env[_PRELOAD_MARK] = "1"
     if libs:
         env.setdefault("OPENBLAS_NUM_THREADS", default_blas_threads())
+        core = coretype(env)
+        if core:
+            env["OPENBLAS_CORETYPE"] = core  # openblas_core.py: the kernels that round rows alike
     return env
 
 

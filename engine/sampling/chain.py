@@ -21,12 +21,17 @@ random choice for row ``i`` is keyed by its absolute position ``first_position +
 with stream 0, the XTC coin with stream 3), so a position gets the same p and the same token
 whether it is decoded alone or inside a block.
 
+Steps 3-5 are one function over rows (``distribution_rows``): what the chain runs is its
+``StageShape``, its values are ``[N, 1]`` columns (``StageValues``), so rows of many chains of one
+shape go through one graph (``batch_select``) with the ops each runs alone.
+
 Disabled stages cost nothing; the defaults run bias-free top-k 40 -> top-p -> min-p ->
 temperature on ``[N, 40]`` candidates, one scatter back to ``[N, V]``, and no host sync.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -119,34 +124,31 @@ class SamplerChain:
 
     # -- steps 3-5 ---------------------------------------------------------------------------
 
+    @property
+    def shape(self) -> StageShape:
+        """Which of steps 3-5 this chain runs (rows of chains of one shape share one graph in
+        ``batch_select``, each with its own ``StageValues``)."""
+        p = self.params
+        if self.greedy:
+            return StageShape(greedy=True)
+        k = p.top_k if 0 < p.top_k < self.vocab_size else 0
+        return StageShape(False, self._filters, k, p.typical_p < 1.0, p.top_p < 1.0, p.min_p > 0.0,
+                          xtc_enabled(p.xtc_probability, p.xtc_threshold))
+
     def filtered(self, adjusted: mx.array, seed: int = 0, first_position: int = 0) -> Candidates:
         """The candidates surviving top-k, typical-p, top-p, min-p and XTC (untempered)."""
-        p = self.params
-        c = top_candidates(adjusted, p.top_k)
-        if p.typical_p < 1.0:
-            c.alive = typical_filter(c, p.typical_p, self._min_keep)
-        if p.top_p < 1.0:
-            c.alive = top_p_filter(c, p.top_p, self._min_keep)
-        if p.min_p > 0.0:
-            c.alive = min_p_filter(c, p.min_p, self._min_keep)
-        if xtc_enabled(p.xtc_probability, p.xtc_threshold):
-            coins = xtc_coins(seed, first_position, adjusted.shape[0])
-            c.alive = xtc_filter(c, p.xtc_probability, p.xtc_threshold, self._min_keep, coins)
-        return c
+        shape, n = self.shape, adjusted.shape[0]
+        coins = xtc_coins(seed, first_position, n) if shape.xtc else None
+        return filter_rows(adjusted, shape, StageValues.of([(self, n)], shape), coins)
 
     def distribution(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
                      seed: int = 0, first_position: int = 0, allowed: mx.array | None = None) -> mx.array:
         """The effective distribution p, shape ``[N, V]`` float32 (rows sum to 1). Under greedy
         params this is the one-hot of ``select``'s argmax."""
         x = self.adjusted_logits(logits, history, appended, allowed)
-        if self.greedy:
-            return (mx.arange(x.shape[-1]) == x.argmax(axis=-1, keepdims=True)).astype(mx.float32)
-        if not self._filters:  # plain temperature sampling: no order needed
-            return mx.softmax(x / self.params.temperature, axis=-1)
-        c = self.filtered(x, seed, first_position)
-        tempered = mx.where(c.alive, c.values / self.params.temperature, NEG_INF)
-        probs = mx.softmax(tempered, axis=-1)
-        return mx.put_along_axis(mx.zeros(x.shape, dtype=mx.float32), c.ids, probs, axis=-1)
+        shape, n = self.shape, x.shape[0]
+        coins = xtc_coins(seed, first_position, n) if shape.xtc else None
+        return distribution_rows(x, shape, StageValues.of([(self, n)], shape), coins)
 
     def pick(self, logits: mx.array, history: Sequence[int], appended: Sequence[int] = (),
              seed: int = 0, first_position: int = 0, allowed: mx.array | None = None) -> mx.array:
@@ -197,6 +199,84 @@ class SamplerChain:
         return out
 
 
+@dataclass(frozen=True)
+class StageShape:
+    """Which of steps 3-5 a chain runs, and top-k's ``k`` (0: every token): what decides the ops of
+    its graph. Rows of chains with one shape go through one graph, each row with its own values."""
+
+    greedy: bool
+    filters: bool = False  # any truncation or XTC (else plain ``softmax(x / T)``)
+    top_k: int = 0
+    typical: bool = False
+    top_p: bool = False
+    min_p: bool = False
+    xtc: bool = False
+
+
+@dataclass
+class StageValues:
+    """Per-row values of steps 3-5 as ``[N, 1]`` columns (only those the shape reads; None
+    otherwise). A column holds exactly the float32 / int32 a Python scalar of the same value
+    becomes in an MLX op, so a row's ops give the same bits whatever rows sit beside it."""
+
+    temperature: mx.array | None = None  # [N, 1] float32
+    typical_p: mx.array | None = None  # [N, 1] float32
+    top_p: mx.array | None = None  # [N, 1] float32
+    log_min_p: mx.array | None = None  # [N, 1] float32
+    xtc_probability: mx.array | None = None  # [N, 1] float32
+    xtc_threshold: mx.array | None = None  # [N, 1] float32
+    min_keep: mx.array | None = None  # [N, 1] int32, at least 1
+
+    @classmethod
+    def of(cls, blocks: Sequence[tuple[SamplerChain, int]], shape: StageShape) -> StageValues:
+        """The columns of ``blocks`` stacked: ``(chain, rows)`` gives ``rows`` rows of that chain."""
+        if shape.greedy:
+            return cls()
+
+        def column(value, dtype=mx.float32):
+            return mx.array([v for chain, n in blocks for v in [value(chain)] * n], dtype=dtype)[:, None]
+
+        truncates = shape.typical or shape.top_p or shape.min_p or shape.xtc
+        return cls(
+            temperature=column(lambda c: c.params.temperature),
+            typical_p=column(lambda c: c.params.typical_p) if shape.typical else None,
+            top_p=column(lambda c: c.params.top_p) if shape.top_p else None,
+            log_min_p=column(lambda c: math.log(c.params.min_p)) if shape.min_p else None,
+            xtc_probability=column(lambda c: c.params.xtc_probability) if shape.xtc else None,
+            xtc_threshold=column(lambda c: c.params.xtc_threshold) if shape.xtc else None,
+            min_keep=column(lambda c: c._min_keep, mx.int32) if truncates else None,
+        )
+
+
+def filter_rows(adjusted: mx.array, shape: StageShape, values: StageValues, coins: mx.array | None) -> Candidates:
+    """Steps 3-4 over ``adjusted [N, V]``: the candidates surviving top-k, typical-p, top-p, min-p
+    and XTC (``coins [N]``: each row's XTC coin), every row with its own values."""
+    c = top_candidates(adjusted, shape.top_k)
+    if shape.typical:
+        c.alive = typical_filter(c, values.typical_p, values.min_keep)
+    if shape.top_p:
+        c.alive = top_p_filter(c, values.top_p, values.min_keep)
+    if shape.min_p:
+        c.alive = min_p_filter(c, values.log_min_p, values.min_keep)
+    if shape.xtc:
+        c.alive = xtc_filter(c, values.xtc_probability, values.xtc_threshold, values.min_keep, coins)
+    return c
+
+
+def distribution_rows(adjusted: mx.array, shape: StageShape, values: StageValues,
+                      coins: mx.array | None) -> mx.array:
+    """Steps 3-5 over ``adjusted [N, V]``: p ``[N, V]`` float32, every row with its own values
+    (``SamplerChain.distribution`` is this over one chain's rows)."""
+    if shape.greedy:
+        return (mx.arange(adjusted.shape[-1]) == adjusted.argmax(axis=-1, keepdims=True)).astype(mx.float32)
+    if not shape.filters:  # plain temperature sampling: no order needed
+        return mx.softmax(adjusted / values.temperature, axis=-1)
+    c = filter_rows(adjusted, shape, values, coins)
+    tempered = mx.where(c.alive, c.values / values.temperature, NEG_INF)
+    probs = mx.softmax(tempered, axis=-1)
+    return mx.put_along_axis(mx.zeros(adjusted.shape, dtype=mx.float32), c.ids, probs, axis=-1)
+
+
 def _inverse_cdf(probs: mx.array, key: mx.array) -> mx.array:
     """One draw from a probability row by inverting its CDF with a single uniform.
 
@@ -206,6 +286,11 @@ def _inverse_cdf(probs: mx.array, key: mx.array) -> mx.array:
     cdf = mx.cumsum(probs.astype(mx.float32), axis=-1)
     u = (1.0 - mx.random.uniform(key=key)) * cdf[-1]
     return mx.minimum(mx.sum(cdf < u), probs.shape[-1] - 1).astype(mx.int32)
+
+
+def draw_one(probs: mx.array, key: mx.array) -> mx.array:
+    """``sample``, lazy: the draw as a 0-d int32 array."""
+    return _inverse_cdf(probs, key)
 
 
 def sample(probs: mx.array, key: mx.array) -> int:
@@ -221,7 +306,12 @@ def position_keys(seed: int, first_position: int, rows: int, stream: int = 0) ->
 _inverse_cdf_rows = mx.vmap(_inverse_cdf)
 
 
+def draw_rows(probs: mx.array, keys: mx.array) -> mx.array:
+    """``[N]`` lazy draws from ``probs [N, V]``, row ``i`` with ``keys[i]``."""
+    return _inverse_cdf_rows(probs, keys)
+
+
 def sample_rows(probs: mx.array, seed: int, first_position: int) -> mx.array:
     """``[N]`` lazy draws, row ``i`` with ``position_key(seed, first_position + i)``: row for row
     the same draw as ``sample(probs[i], key)``, as one vectorised op."""
-    return _inverse_cdf_rows(probs, position_keys(seed, first_position, probs.shape[0]))
+    return draw_rows(probs, position_keys(seed, first_position, probs.shape[0]))

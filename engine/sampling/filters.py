@@ -18,7 +18,6 @@ same candidates whether it is sampled alone or inside a verify block.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -67,9 +66,12 @@ def alive_rank(alive: mx.array) -> mx.array:
     return mx.cumsum(alive.astype(mx.int32), axis=-1, inclusive=False)
 
 
-def typical_filter(c: Candidates, typical_p: float, min_keep: int) -> mx.array:
+def typical_filter(c: Candidates, typical_p: float | mx.array, min_keep: int | mx.array) -> mx.array:
     """Locally typical sampling: keep the candidates whose surprise ``-log p`` is closest to
-    the row's entropy, in that order, until their mass first exceeds ``typical_p``."""
+    the row's entropy, in that order, until their mass first exceeds ``typical_p``.
+
+    Each filter takes its values as scalars or as ``[N, 1]`` columns (one per row), and
+    ``min_keep`` at least 1: the fewest candidates it leaves."""
     p = masked_softmax(c.values, c.alive)
     logp = mx.log(p)
     entropy = -mx.sum(mx.where(p > 0, p * logp, 0.0), axis=-1, keepdims=True)
@@ -77,23 +79,23 @@ def typical_filter(c: Candidates, typical_p: float, min_keep: int) -> mx.array:
     k = shifted.shape[-1]
     order = mx.argsort(_packed(ordered_bits(shifted), mx.arange(k, dtype=mx.int32)), axis=-1)
     before = mx.cumsum(mx.take_along_axis(p, order, axis=-1), axis=-1, inclusive=False)
-    keep_sorted = (before <= typical_p) | (mx.arange(k) < max(min_keep, 1))
+    keep_sorted = (before <= typical_p) | (mx.arange(k) < min_keep)
     keep = mx.put_along_axis(mx.zeros(keep_sorted.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
     return c.alive & keep
 
 
-def top_p_filter(c: Candidates, top_p: float, min_keep: int) -> mx.array:
+def top_p_filter(c: Candidates, top_p: float | mx.array, min_keep: int | mx.array) -> mx.array:
     """Nucleus: the shortest most-likely prefix whose mass reaches ``top_p``."""
     p = masked_softmax(c.values, c.alive)
     before = mx.cumsum(p, axis=-1, inclusive=False)
-    keep = (before < top_p) | (alive_rank(c.alive) < max(min_keep, 1))
+    keep = (before < top_p) | (alive_rank(c.alive) < min_keep)
     return c.alive & keep
 
 
-def min_p_filter(c: Candidates, min_p: float, min_keep: int) -> mx.array:
+def min_p_filter(c: Candidates, log_min_p: float | mx.array, min_keep: int | mx.array) -> mx.array:
     """Keep tokens with ``p >= min_p * p_max``, compared as logits:
-    ``logit >= max_logit + log(min_p)``."""
+    ``logit >= max_logit + log(min_p)`` (``log_min_p``: ``math.log(min_p)``, or a column of them)."""
     top = mx.max(mx.where(c.alive, c.values, NEG_INF), axis=-1, keepdims=True)
-    threshold = top + float(math.log(min_p))
-    keep = (c.values >= threshold) | (alive_rank(c.alive) < max(min_keep, 1))
+    threshold = top + log_min_p
+    keep = (c.values >= threshold) | (alive_rank(c.alive) < min_keep)
     return c.alive & keep

@@ -32,8 +32,10 @@ def xtc_coins(seed: int, first_position: int, rows: int) -> mx.array:
     return _uniform_rows(keys)
 
 
-def xtc_filter(c: Candidates, probability: float, threshold: float, min_keep: int, coins: mx.array) -> mx.array:
-    """The alive mask after XTC; ``coins [N]`` decide which rows it fires on (``coin <= probability``)."""
+def xtc_filter(c: Candidates, probability: float | mx.array, threshold: float | mx.array, min_keep: int | mx.array,
+               coins: mx.array) -> mx.array:
+    """The alive mask after XTC; ``coins [N]`` decide which rows it fires on (``coin <= probability``).
+    The values are scalars or ``[N, 1]`` columns, one per row."""
     p = masked_softmax(c.values, c.alive)
     n_alive = mx.sum(c.alive, axis=-1, keepdims=True)
     n_above = mx.sum(c.alive & (p >= threshold), axis=-1, keepdims=True)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxcel.engine.sampling.chain import sample
+from mlxcel.engine.sampling.chain import draw_one, sample
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.sampling.random_keys import position_key
 from mlxcel.engine.speculative.switches import stochastic_accept_enabled
@@ -125,17 +125,29 @@ def walk_chain(choices: Sequence[int], drafts: Sequence[int]) -> ChainOutcome:
     return ChainOutcome(n, [int(t) for t in drafts[:n]] + [int(choices[n])], tested)
 
 
+def synthetic_coins(seed: int, first_position: int, k: int) -> mx.array:
+    """``[k]`` lazy uniforms: the coins ``synthetic_accept`` flips for drafts ``0..k-1``."""
+    if k == 0:
+        return mx.zeros((0,), dtype=mx.float32)
+    return mx.stack([mx.random.uniform(key=position_key(seed, first_position + n, SYNTH_STREAM)) for n in range(k)])
+
+
 def synthetic_accept(choices: Sequence[int], drafts: Sequence[int], probs: Sequence[float], *, seed: int,
-                     first_position: int, eos: frozenset[int] = frozenset()) -> ChainOutcome:
+                     first_position: int, eos: frozenset[int] = frozenset(),
+                     coins: Sequence[float] | None = None) -> ChainOutcome:
     """Synthetic acceptance, for benchmarking a verify loop at a chosen acceptance rate (llama-server's
     ``--spec-synth-rates``): draft ``i`` is accepted with probability ``probs[i]`` (conditional on
     the drafts before it), whatever the target chose; a drafted end-of-generation token is never
     accepted; the first refusal emits the target's own choice and ends the chain, a clean sweep adds
     the target's bonus token. The emitted stream is *not* the target's: this rule proves nothing and
-    is only ever selected by those flags. Coins are keyed by position (stream ``SYNTH_STREAM``)."""
+    is only ever selected by those flags. Coins are keyed by position (stream ``SYNTH_STREAM``);
+    ``coins`` are those already read back (``synthetic_coins``), else each is drawn here."""
     n = 0
     while n < len(drafts):
-        u = float(mx.random.uniform(key=position_key(seed, first_position + n, SYNTH_STREAM)).item())
+        if coins is not None:
+            u = float(coins[n])
+        else:
+            u = float(mx.random.uniform(key=position_key(seed, first_position + n, SYNTH_STREAM)).item())
         if u >= probs[n] or int(drafts[n]) in eos:
             break
         n += 1
@@ -198,6 +210,47 @@ def rejection_sample(
         return ChainOutcome(k, [int(t) for t in drafts] + [token], k + 1)
     bonus = sample(p[k], position_key(seed, first_position + k))
     return ChainOutcome(k, [int(t) for t in drafts] + [bonus], k)
+
+
+def rejection_candidates(p: mx.array, q: mx.array, drafts: Sequence[int], *, seed: int, first_position: int,
+                         forbidden_q: mx.array | None = None) -> tuple[mx.array, mx.array]:
+    """``rejection_sample``'s randomness queued for one readback: ``(accept [K] bool, tokens
+    [K + 1] int32)``, where ``tokens[i]`` is the residual draw row ``i`` emits if draft ``i`` is
+    the first rejected and ``tokens[K]`` what a clean sweep emits (the bonus from ``p_K``, or the
+    residual of the cut draft's ``forbidden_q``). Every candidate is computed with the very ops
+    and keys ``rejection_sample`` uses for it; :func:`rejection_walk` picks the outcome. The price
+    of one readback is ``K`` residual draws where a chain uses one."""
+    k = len(drafts)
+    if p.shape[0] != k + 1 or q.shape[0] != k:
+        raise ValueError(f"rejection_sample: p rows {p.shape[0]}, q rows {q.shape[0]}, drafts {k}")
+    if k:
+        idx = mx.array([int(d) for d in drafts])
+        rows = mx.arange(k)
+        p_d = p[rows, idx]
+        q_d = q[rows, idx]
+        u = mx.stack([mx.random.uniform(key=position_key(seed, first_position + i, ACCEPT_STREAM)) for i in range(k)])
+        accept = (u * q_d <= p_d) & (p_d > 0)
+    else:
+        accept = mx.zeros((0,), dtype=mx.bool_)
+    tokens = [draw_one(residual_distribution(p[i], q[i]), position_key(seed, first_position + i, RESIDUAL_STREAM))
+              for i in range(k)]
+    if forbidden_q is not None:
+        tokens.append(draw_one(residual_distribution(p[k], forbidden_q),
+                               position_key(seed, first_position + k, RESIDUAL_STREAM)))
+    else:
+        tokens.append(draw_one(p[k], position_key(seed, first_position + k)))
+    return accept, mx.stack(tokens).astype(mx.int32)
+
+
+def rejection_walk(accept: Sequence[bool], tokens: Sequence[int], drafts: Sequence[int],
+                   forbidden: bool = False) -> ChainOutcome:
+    """``rejection_sample``'s outcome from the read-back ``rejection_candidates`` (``forbidden``:
+    a cut draft's ``forbidden_q`` was given)."""
+    k = len(drafts)
+    for i, ok in enumerate(accept):
+        if not ok:
+            return ChainOutcome(i, [int(t) for t in drafts[:i]] + [int(tokens[i])], i + 1)
+    return ChainOutcome(k, [int(t) for t in drafts] + [int(tokens[k])], k + 1 if forbidden else k)
 
 
 def closed_forms(p: mx.array, q: mx.array) -> tuple[mx.array, mx.array]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,7 @@ from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.engine.speculative.acceptance import SYNTHETIC, select_rule
+from mlxcel.engine.speculative.batch_decide import DecideRow, decide_rounds
 from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures, prefill_with_features
@@ -275,9 +276,33 @@ class SpeculativeSession:
         observe_round(self.drafter, prep, sequence, result)
         return result
 
+    def decide_row(self, prep: PreparedRound, logits: mx.array, chain: SamplerChain,
+                   sequence: Sequence[int]) -> DecideRow:
+        """What :meth:`decide` decides, as one row of :func:`decide_together`."""
+        return DecideRow(prep, logits, chain, self.drafter, sequence, rule=self.rule, seed=self.seed,
+                         diagnostics=self.diagnostics, synth_probs=self.synth_probs, grammar=self.grammar)
+
     def record(self, result: RoundResult, used: int | None = None) -> int:
         """Count ``result``, of which ``used`` emitted tokens were kept; return the accepted drafts counted."""
         return self.counters.add(result, used)
+
+
+def decide_together(rounds: Sequence[tuple[SpeculativeSession, DecideRow, Callable[[int], None]]]
+                    ) -> list[RoundResult | Exception]:
+    """:meth:`SpeculativeSession.decide` for every row of a shared verify forward at once: each
+    ``(session, session.decide_row(...), rewind)`` gets the result its ``decide`` gives, the rows'
+    device work evaluated and read back together (``batch_decide.decide_rounds``), then each row's
+    cache rewound and its drafter told. A row that fails gets its exception; the others go on."""
+    results = decide_rounds([row for _, row, _ in rounds])
+    for i, ((session, row, rewind), result) in enumerate(zip(rounds, results)):
+        if isinstance(result, Exception):
+            continue
+        try:
+            rewind(len(row.prep.block) - (result.accepted + 1))
+            observe_round(session.drafter, row.prep, row.sequence, result)
+        except Exception as exc:
+            results[i] = exc
+    return results
 
 
 @dataclass

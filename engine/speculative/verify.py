@@ -154,7 +154,7 @@ def verify_round(
         outcome, p, features, forwarded, allowed = _chain_verify(model, cache, chain, rule, sequence, drafts, q, seed,
                                                                  position, layers, grammar, forbidden_q)
         logits = features.logits
-    result = _result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics,
+    result = round_result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics,
                      chain_verified=not block_exact and bool(drafts))
 
     kept = outcome.accepted + 1  # the pending token and the accepted drafts
@@ -212,7 +212,7 @@ def decide_round(prep: PreparedRound, logits: mx.array, chain: SamplerChain, dra
     allowed = allowed_rows(grammar.masks(prep.drafts), logits.shape[-1]) if grammar is not None else None
     outcome, p = _decide(rule, chain, logits, sequence, prep.drafts, prep.q, seed, prep.position, synth_probs,
                          allowed, prep.forbidden_q)
-    return _result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics)
+    return round_result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics)
 
 
 def observe_round(drafter: Drafter, prep: PreparedRound, sequence: Sequence[int], result: RoundResult) -> None:
@@ -220,8 +220,10 @@ def observe_round(drafter: Drafter, prep: PreparedRound, sequence: Sequence[int]
     drafter.observe([*sequence, *result.emitted], prep.proposal, result.accepted)
 
 
-def _result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics,
-            chain_verified=False) -> RoundResult:
+def round_result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics,
+                 chain_verified=False) -> RoundResult:
+    """The round's :class:`RoundResult` from the rule's ``outcome`` (a cut draft counted as
+    rejected; the diagnostic closed forms filled when asked for)."""
     drafts, proposed = prep.drafts, prep.proposed
     if prep.cut and outcome.accepted == len(drafts) and outcome.tested == len(drafts):
         outcome = ChainOutcome(outcome.accepted, outcome.emitted, outcome.tested + 1)  # the cut draft was rejected
@@ -258,8 +260,8 @@ def _decide(rule, chain, logits, sequence, drafts, q, seed, position, synth_prob
         p = chain.distribution(logits, sequence, drafts, seed, position, allowed)
         if (drafts or forbidden_q is not None) and q is None:
             raise ValueError("the stochastic rule needs the drafter's proposal distribution q")
-        q_rows = _align(q, vocab) if drafts else mx.zeros((0, vocab))
-        cut_q = _align(forbidden_q[None], vocab)[0] if forbidden_q is not None else None
+        q_rows = align_q(q, vocab) if drafts else mx.zeros((0, vocab))
+        cut_q = align_q(forbidden_q[None], vocab)[0] if forbidden_q is not None else None
         outcome = rejection_sample(p, q_rows, drafts, seed=seed, first_position=position, forbidden_q=cut_q)
     else:
         raise ValueError(f"unknown acceptance rule {rule!r}")
@@ -301,13 +303,13 @@ def _row_verdict(rule, chain, row, history, draft, q_row, seed, position, allowe
     if rule == STOCHASTIC:
         p = chain.distribution(row, history, (), seed, position, allowed)[0]
         if draft is None and forbidden_q is not None:
-            cut_q = _align(forbidden_q[None], p.shape[-1])[0]
+            cut_q = align_q(forbidden_q[None], p.shape[-1])[0]
             return False, sample(residual_distribution(p, cut_q), position_key(seed, position, RESIDUAL_STREAM))
         if draft is None:
             return False, sample(p, position_key(seed, position))
         if q_row is None:
             raise ValueError("the stochastic rule needs the drafter's proposal distribution q")
-        q_row = _align(q_row[None], p.shape[-1])[0]
+        q_row = align_q(q_row[None], p.shape[-1])[0]
         u = mx.random.uniform(key=position_key(seed, position, ACCEPT_STREAM))
         p_d, q_d = p[draft], q_row[draft]
         if bool(((u * q_d <= p_d) & (p_d > 0)).item()):
@@ -322,7 +324,7 @@ def _row_verdict(rule, chain, row, history, draft, q_row, seed, position, allowe
     return (draft is not None and choice == draft), choice
 
 
-def _align(q: mx.array, vocab: int) -> mx.array:
+def align_q(q: mx.array, vocab: int) -> mx.array:
     """The drafter's rows on the target's vocabulary (a drafter may pad its head differently)."""
     width = q.shape[-1]
     if width == vocab:
@@ -349,7 +351,7 @@ def _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter: Draf
         return  # no q: the closed forms are unknowable
     if p is None:
         p = chain.distribution(logits, sequence, drafts[: logits.shape[0] - 1], seed, position, allowed)
-    smin, sprod = closed_forms(p[:n], _align(q, vocab)[:n])
+    smin, sprod = closed_forms(p[:n], align_q(q, vocab)[:n])
     result.sum_min = float(smin.sum().item())
     result.sum_prod = float(sprod.sum().item())
     result.diagnosed = n

@@ -58,10 +58,12 @@ from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan, joinable, packabl
 from mlxcel.engine.decode.recurrent import has_recurrent_state
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform.ragged_ops import runs_fused
+from mlxcel.engine.sampling.batch_select import select_draws
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar import GrammarError
 from mlxcel.engine.sampling.grammar_matcher import allowed_rows, fill_masks, new_matcher
 from mlxcel.engine.sampling.random_keys import resolve_seed
+from mlxcel.engine.speculative.session import decide_together
 from mlxcel.engine.speculative.target_features import TargetFeatures, chunk_with_features
 from mlxcel.server.runtime.errors import ApiError, invalid, shutting_down, timed_out, unavailable
 from mlxcel.server.runtime.faults import FaultPlan
@@ -612,15 +614,28 @@ class Scheduler:
         """Each row's next token from its row of ``logits`` (``[len(rows), V]``) with its own chain
         (``allowed``: the grammar masks by row index); returns the rows that finished."""
         now = time.perf_counter()
-        finished = []
+        finished, pending = [], {}
         for j, (row, run) in enumerate(zip(rows, runs)):
             try:
                 if run.fault == "sample":
                     inject_fault("sample")
-                run.accept(run.sample(logits[j], allowed.get(j)), now)
+                pending[j] = run.pending_sample(logits[j], allowed.get(j))
             except Exception as exc:
                 log.exception("sampling failed in slot %d", row)
                 run.fail(_as_api_error(exc))
+        # every row's draw in one pass and one readback, each row's token the one it gets alone
+        drawn = [j for j, p in pending.items() if p.draw is not None]
+        tokens = dict(zip(drawn, select_draws([pending[j].draw for j in drawn])))
+        for j, (row, run) in enumerate(zip(rows, runs)):
+            if j in pending:
+                try:
+                    token = tokens[j] if j in tokens else [pending[j].forced]
+                    if isinstance(token, Exception):
+                        raise token
+                    run.accept(run.sampled(pending[j], token[0]), now)
+                except Exception as exc:
+                    log.exception("sampling failed in slot %d", row)
+                    run.fail(_as_api_error(exc))
             if run.done:
                 finished.append(row)
         return finished
@@ -631,11 +646,21 @@ class Scheduler:
         the row's rejected tail dropped from its cache; returns the drafts accepted and the rows that finished."""
         accepted_total = 0
         finished = []
+        # every row's decision in one pass and one readback, each the one its round alone makes
+        rounds = []
         for j, (row, run) in enumerate(zip(rows, runs)):
-            prep = preps[row]
             try:
-                result = run.spec.decide(prep, logits[j], run.round_chain(),
-                                         run.prompt + run.generated, lambda n, row=row: self._ragged.rewind(row, n))
+                rounds.append((run.spec, run.spec.decide_row(preps[row], logits[j], run.round_chain(),
+                                                             run.prompt + run.generated),
+                               lambda n, row=row: self._ragged.rewind(row, n)))
+            except Exception as exc:
+                rounds.append(exc)
+        results = iter(decide_together([r for r in rounds if not isinstance(r, Exception)]))
+        for j, (row, run) in enumerate(zip(rows, runs)):
+            try:
+                result = rounds[j] if isinstance(rounds[j], Exception) else next(results)
+                if isinstance(result, Exception):
+                    raise result
                 accepted = self._emit(run, result)
                 accepted_total += accepted
                 run.last_step = {"rows": len(plan), "tokens": plan.n_tokens, "drafted": result.proposed,

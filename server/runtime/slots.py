@@ -17,6 +17,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from mlxcel.engine.sampling.batch_select import Draw
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.speculative.session import SpeculativeSession
@@ -91,6 +92,18 @@ def choose_slot(slots: list[Slot], task: Task, similarity: float = SLOT_PROMPT_S
         if similarity > 0 and common_prefix(best.tokens, prompt) / len(prompt) > similarity:
             return best
     return min(free, key=lambda s: s.last_used)
+
+
+@dataclass
+class PendingSample:
+    """A row's next token before it is drawn: the draw (None when the reasoning budget forces
+    ``forced``), and what the ``n_probs`` report reads."""
+
+    draw: Draw | None
+    forced: int | None
+    row: mx.array  # [1, V]
+    history: list[int]
+    allowed: mx.array | None
 
 
 class SlotRun:
@@ -230,18 +243,32 @@ class SlotRun:
     def sample(self, logits: mx.array, allowed: mx.array | None = None) -> int:
         """Choose the next token from ``logits[V]`` (the row for this request); while the reasoning
         budget forces its end tag, the forced token. A constrained request's mask ``allowed``
-        (``[1, V]``) is computed here unless the caller has it."""
+        (``[1, V]``) is computed here unless the caller has it. Alone: :meth:`pending_sample` and
+        :meth:`sampled` around this row's own ``SamplerChain.select``."""
+        pending = self.pending_sample(logits, allowed)
+        draw = pending.draw
+        token = pending.forced if draw is None else draw.chain.select(
+            draw.logits, draw.history, seed=draw.seed, first_position=draw.first_position, allowed=draw.allowed)[0]
+        return self.sampled(pending, token)
+
+    def pending_sample(self, logits: mx.array, allowed: mx.array | None = None) -> PendingSample:
+        """The first half of :meth:`sample`: the row's ``batch_select.Draw`` (the batched decode
+        step draws every row's in one pass), or the token the reasoning budget forces."""
         history = self.prompt + self.generated
         row = logits[None]
         forced = self.budget.forced if self.budget is not None else None
         if forced is not None:
-            token = forced
-        else:
-            if allowed is None and self.grammar is not None:
-                allowed = allowed_rows(self.grammar.masks(), row.shape[-1])
-            token = self.chain.select(row, history, seed=self.seed, first_position=len(history), allowed=allowed)[0]
+            return PendingSample(None, int(forced), row, history, allowed)
+        if allowed is None and self.grammar is not None:
+            allowed = allowed_rows(self.grammar.masks(), row.shape[-1])
+        draw = Draw(self.chain, row, history, seed=self.seed, first_position=len(history), allowed=allowed)
+        return PendingSample(draw, None, row, history, allowed)
+
+    def sampled(self, pending: PendingSample, token: int) -> int:
+        """The second half: ``token`` chosen for ``pending``, its ``n_probs`` report recorded (that
+        report reads its probabilities back on its own, after the step's one readback of tokens)."""
         if self.opts.n_probs > 0:
-            prob = self._token_probs(row, history, token, allowed)
+            prob = self._token_probs(pending.row, pending.history, token, pending.allowed)
             self.probs.append(prob)
             self.pending_probs.append(prob)
         return int(token)

@@ -85,6 +85,34 @@ def test_openblas_threads_default_to_the_usable_cores_unless_told_otherwise():
         set_blas_threads(before)
 
 
+def test_an_avx512_cpu_runs_openblas_kernels_that_round_rows_alike():
+    """``openblas_core``: on a CPU with AVX-512 F/BW/VL/DQ a child starts with OpenBLAS's SkylakeX
+    kernels (replacing an inherited choice unless MLXCEL_OPENBLAS_CORETYPE says), and in this
+    process (started by scripts/with-blas) a row of a float32 product has the same bits whatever
+    the number of rows, from two up, which the float32 exactness tests rely on."""
+    from mlxcel.engine.platform import openblas_core
+
+    if not sys.platform.startswith("linux") or not preload_libraries():
+        pytest.skip("no OpenBLAS on this machine")
+    base = {"PATH": "", "OPENBLAS_CORETYPE": "Haswell"}
+    assert env_with_fast_blas({**base, "MLXCEL_OPENBLAS_CORETYPE": "keep"})["OPENBLAS_CORETYPE"] == "Haswell"
+    assert env_with_fast_blas({**base, "MLXCEL_OPENBLAS_CORETYPE": "Zen"})["OPENBLAS_CORETYPE"] == "Zen"
+    if openblas_core.coretype({}) is None:
+        pytest.skip("no AVX-512 F/BW/VL/DQ here: OpenBLAS keeps its own choice")
+    assert env_with_fast_blas(base)["OPENBLAS_CORETYPE"] == "SkylakeX"
+    if "libopenblas" not in loaded_libraries():
+        pytest.skip("OpenBLAS is not preloaded in this process")
+    lib = ctypes.CDLL(preload_libraries()[-1])
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    assert lib.openblas_get_corename().decode().lower() == "skylakex"
+    rng = np.random.default_rng(11)
+    w = mx.array(rng.standard_normal((1536, 576)).astype(np.float32))
+    x = mx.array(rng.standard_normal((16, 576)).astype(np.float32))
+    full = x @ w.T
+    for rows in (2, 3, 5, 8):
+        assert mx.array_equal((x[:rows] @ w.T)[:2], full[:2]).item(), rows
+
+
 @pytest.mark.parametrize("n,k", [(7, 5), (96, 64), (1536, 576)])
 def test_one_row_matmuls_go_through_sgemv_and_are_right(n, k):
     lib = shim_handle()
