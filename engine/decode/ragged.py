@@ -236,7 +236,8 @@ class RaggedBatch:
     """The rows of a ragged forward, keyed by slot id, with one :class:`RaggedKVCache` per layer."""
 
     def __init__(self, model, places: int = 1):
-        """``places``: rows to make room for at once (the server's slots); more are added as rows join."""
+        """``places``: rows to make room for at once; more are added as rows join, doubling (a
+        server leaves it at one: every place costs the longest row's length of memory)."""
         self.model = model
         self.places = places
         self.rows: list[Hashable] = []

@@ -109,7 +109,7 @@ class Scheduler:
         self._jobs: deque[Job] = deque()
         self._batch = DecodeBatch(loaded.model)
         # the rows of the iteration's one forward (module docstring)
-        self._ragged = RaggedBatch(loaded.model, places=n_slots)
+        self._ragged = RaggedBatch(loaded.model)
         # Which rows besides the speculating ones share that forward: on a model whose forward the ragged
         # batch runs flat (``packable``), plain rows and prompt chunks too, on a speculative server (one
         # forward per iteration) and on any server where the model runs the fused CPU ops (there the
@@ -442,7 +442,7 @@ class Scheduler:
         for slot in busy:
             slot.run.task.sink(Failed(exceeded()))
         self._batch = DecodeBatch(self.lm.model)  # every row in it is gone
-        self._ragged = RaggedBatch(self.lm.model, places=len(self.slots))
+        self._ragged = RaggedBatch(self.lm.model)
         for slot in busy:
             slot.cache, slot.tokens, slot.run = None, [], None
         return False
@@ -562,7 +562,7 @@ class Scheduler:
                 run.task.sink(Failed(error))
                 slot = self.slots[row]
                 slot.cache, slot.tokens, slot.run = None, [], None
-            self._ragged = RaggedBatch(self.lm.model, places=len(self.slots))
+            self._ragged = RaggedBatch(self.lm.model)
             return
         now = time.perf_counter()
         finished = []
@@ -799,7 +799,7 @@ class Scheduler:
                 self._ragged.remove([slot.id])
         except Exception:
             log.exception("could not remove slot %d from the ragged batch", slot.id)
-            self._ragged = RaggedBatch(self.lm.model, places=len(self.slots))
+            self._ragged = RaggedBatch(self.lm.model)
         slot.cache, slot.tokens, slot.run = None, [], None
 
 
