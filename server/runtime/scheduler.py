@@ -591,7 +591,11 @@ class Scheduler:
         for row in chunks:
             run = self.slots[row].run
             if run is not None and not run.done and not run.prefilling and run.wants_spec:
-                self._start_speculating(self.slots[row])
+                try:
+                    self._start_speculating(self.slots[row])
+                except Exception as exc:
+                    log.exception("could not start speculating in slot %d", row)
+                    self._fail(self.slots[row], exc)
         self.last_step = {"rows": len(plan), "tokens": plan.n_tokens, "width": plan.width,
                           "draft_accepted": accepted_total}
         if decoding:
