@@ -11,6 +11,8 @@ of ``--reps``; kernel and OpenBLAS threads ``--threads``.
 ``--builds NAME=PATH,...`` compares builds of the extension instead (each a ``_qmatmul*.so``, e.g.
 one built from another commit's ``qmatmul_src``): one ``packed`` arm per build, ``--rounds``
 rounds of child processes alternating between the builds, so that load drifts hit every arm alike.
+A build may carry environment settings for its child, ``NAME=PATH:VAR=VALUE:...`` (e.g.
+``nogc=/tmp/a.so:MLXCEL_GC_FREEZE=0``), so that switches are compared the same way.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_forward_width.py [-m GGUF] [--threads 1]
     ./scripts/with-blas .venv/bin/python scripts/bench_forward_width.py --builds base=/tmp/a.so,new=/tmp/b.so
@@ -103,13 +105,18 @@ def main() -> None:
     from mlxcel.engine.platform.device import env_with_fast_blas
 
     load = os.getloadavg()[0]
-    runs = [(arm, arm, "") for arm in args.arms.split(",")]
+    runs = [(arm, arm, "", {}) for arm in args.arms.split(",")]
     if args.builds:
-        builds = [b.split("=", 1) for b in args.builds.split(",")]
-        runs = [(name, "packed", path) for _ in range(args.rounds) for name, path in builds]
+        builds = []
+        for spec in args.builds.split(","):
+            name, rest = spec.split("=", 1)
+            path, *settings = rest.split(":")
+            builds.append((name, path, dict(s.split("=", 1) for s in settings)))
+        runs = [(name, "packed", path, extra) for _ in range(args.rounds) for name, path, extra in builds]
     per_arm: dict[str, list[dict]] = {}
-    for name, arm, build in runs:
+    for name, arm, build, extra in runs:
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXCEL_BLAS_PRELOADED")}
+        env.update(extra)
         env["OPENBLAS_NUM_THREADS"] = str(args.threads)
         if arm == "f32":
             env["MLXCEL_WEIGHTS"] = "float32"

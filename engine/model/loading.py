@@ -20,6 +20,7 @@ from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.config_file import read_config_json
 from mlxcel.engine.model.encoder_only import refuse_encoder_only
 from mlxcel.engine.model.gguf_loader import load_gguf
+from mlxcel.engine.model.heap_freeze import freeze_loaded_heap
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform import device
 from mlxcel.engine.platform.packed_modules import pack_affine_modules
@@ -106,6 +107,7 @@ def load_model(
         raise ModelLoadError(f"{path} is neither a GGUF file nor a model directory")
     loaded.name = loaded.name or path.name
     device.prepare_for_decode(loaded.model)
+    freeze_loaded_heap()
     return loaded
 
 

@@ -24,6 +24,7 @@ from mlxcel.engine.platform.blas_shim import shim_library
 from mlxcel.engine.platform.compiled_rope import compile_decode_rope
 from mlxcel.engine.platform.fused_layers import fuse_layers
 from mlxcel.engine.platform.openblas_core import coretype
+from mlxcel.engine.platform.packed_modules import share_inputs
 
 # Debian's libopenblas0-pthread; the first that exists is used.
 OPENBLAS_CANDIDATES = (
@@ -190,7 +191,9 @@ def _off(name: str) -> bool:
 def prepare_for_decode(model) -> None:
     """Per-device graph changes for decoding, applied once after loading. On a CPU, for a model
     whose weights run on the quantized kernels: norms, rotary embeddings and attention as single
-    primitives (``fused_layers.py``; ``MLXCEL_FUSED_OPS=0`` turns it off); otherwise one-token
+    primitives (``fused_layers.py``; ``MLXCEL_FUSED_OPS=0`` turns it off), and the q/k/v and gate/up
+    projections of a layer as one product each (``packed_modules.share_inputs``;
+    ``MLXCEL_SHARED_INPUT=0`` turns it off); otherwise one-token
     rotary embeddings as one compiled kernel (``compiled_rope.py``; bitwise the same output;
     ``MLXCEL_COMPILED_ROPE=0`` turns it off). Nothing on Metal or CUDA."""
     if on_gpu():
@@ -198,5 +201,7 @@ def prepare_for_decode(model) -> None:
     packed = any(name.endswith(".packed") for name, _ in tree_flatten(model.parameters()))
     if packed and qmatmul.available() and not _off("MLXCEL_FUSED_OPS"):
         fuse_layers(model)
+    if packed and qmatmul.available() and not _off("MLXCEL_SHARED_INPUT"):
+        share_inputs(model)
     if not _off("MLXCEL_COMPILED_ROPE"):
         compile_decode_rope(model)

@@ -9,6 +9,7 @@ They keep the interface mlx-lm's models call: a linear layer is ``layer(x)``, an
 from __future__ import annotations
 
 import os
+import weakref
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -31,7 +32,65 @@ def product(x: mx.array, w: PackedWeight) -> mx.array:
     return qmatmul.qmatmul(x, w)
 
 
+class SharedInput:
+    """Projections of a layer that read the same input (q/k/v, gate/up): the first member called
+    with an ``x`` computes every member's product in one ``qmatmul_multi`` (``x`` quantized once,
+    one primitive instead of one per projection) and keeps the others' outputs for their calls
+    with that same array object; each is bitwise what the member's own product gives, so callers
+    that call the projections one by one (mlx-lm's attention and MLP, ``engine/decode/ragged.py``)
+    need no change. A member called with another array, or again with the same one, computes
+    afresh; the kept outputs are dropped once every member has taken its own."""
+
+    def __init__(self, members: list[PackedLinear]):
+        self._members = [weakref.ref(m) for m in members]  # no cycle: a dropped model frees by refcount
+        self._x = None
+        self._outs: dict[int, mx.array] = {}
+
+    def product(self, member: PackedLinear, x: mx.array) -> mx.array:
+        members = [ref() for ref in self._members]
+        i = next(j for j, m in enumerate(members) if m is member)
+        if self._x is x and i in self._outs:
+            y = self._outs.pop(i)
+            if not self._outs:
+                self._x = None
+            return y
+        rows = x.size // max(1, x.shape[-1])
+        if WIDE_ROWS and rows >= WIDE_ROWS:
+            return product(x, member.weight_spec)
+        outs = qmatmul.qmatmul_multi(x, [m.weight_spec for m in members])
+        self._x, self._outs = x, {j: y for j, y in enumerate(outs) if j != i}
+        return outs[i]
+
+
+# Children of one module that mlx-lm's models call on the same input, by name.
+SHARED_INPUT_NAMES = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def share_inputs(model: nn.Module) -> int:
+    """Join each module's q/k/v and gate/up ``PackedLinear`` children (same ``k``) into a
+    :class:`SharedInput`. Returns the number of groups made (0 with an extension without
+    ``qmatmul_multi``)."""
+    if not qmatmul.has_multi():
+        return 0
+    groups = 0
+    for _, module in model.named_modules():
+        children = module.children()
+        for names in SHARED_INPUT_NAMES:
+            members = [children.get(name) for name in names]
+            if not all(isinstance(m, PackedLinear) and m._shared is None for m in members):
+                continue
+            if len({m._spec[3] for m in members}) != 1:
+                continue
+            group = SharedInput(members)
+            for m in members:
+                m._shared = group
+            groups += 1
+    return groups
+
+
 class PackedLinear(nn.Module):
+    _shared: SharedInput | None = None  # set by share_inputs
+
     def __init__(self, w: PackedWeight, bias: bool = False):
         super().__init__()
         self.packed = w.packed
@@ -49,7 +108,7 @@ class PackedLinear(nn.Module):
         return f"input_dims={k}, output_dims={n}, packed type {qtype}" + (f", group {group}" if group else "")
 
     def __call__(self, x: mx.array) -> mx.array:
-        y = product(x, self.weight_spec)
+        y = product(x, self.weight_spec) if self._shared is None else self._shared.product(self, x)
         if "bias" in self:
             y = y + self.bias
         return y

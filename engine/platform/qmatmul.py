@@ -133,6 +133,19 @@ def qmatmul(x: mx.array, w: PackedWeight) -> mx.array:
     return _ext.qmatmul(x, w.packed, w.qtype, w.group, w.n, w.k)
 
 
+def qmatmul_multi(x: mx.array, ws: list[PackedWeight]) -> list[mx.array]:
+    """``[x @ W.T for W in ws]`` (all of the same ``k``) as one primitive that quantizes ``x`` once;
+    each output is bitwise ``qmatmul(x, W)``."""
+    return _ext.qmatmul_multi(x, [w.packed for w in ws], [w.qtype for w in ws], [w.group for w in ws],
+                              [w.n for w in ws], ws[0].k)
+
+
+def has_multi() -> bool:
+    """Whether the loaded extension has ``qmatmul_multi`` (builds from before it do not)."""
+    ext = _load()
+    return ext is not None and hasattr(ext, "qmatmul_multi")
+
+
 def dequant_rows(ids: mx.array, w: PackedWeight) -> mx.array:
     """Rows ``ids`` of W in float32: ``ids.shape + [k]``."""
     return _ext.dequant_rows(ids, w.packed, w.qtype, w.group, w.n, w.k)

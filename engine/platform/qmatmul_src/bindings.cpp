@@ -1,6 +1,7 @@
 // Python bindings (nanobind, in MLX's domain so mlx.core.array passes through unchanged).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -66,6 +67,8 @@ NB_MODULE(_qmatmul, m) {
   m.doc() = "mlxcel's CPU kernels for quantized weights (see engine/platform/qmatmul_src/layout.h)";
   m.def("qmatmul", &mlxcel_q::qmatmul, "x"_a, "packed"_a, "type"_a, "group"_a, "n"_a, "k"_a,
         "x[..., k] @ W[n, k].T for a packed W: [..., n]");
+  m.def("qmatmul_multi", &mlxcel_q::qmatmul_multi, "x"_a, "packed"_a, "types"_a, "groups"_a, "ns"_a, "k"_a,
+        "[x @ W_i.T for each packed W_i], x quantized once: bitwise each qmatmul(x, W_i)");
   m.def("dequant_rows", &mlxcel_q::dequant_rows, "ids"_a, "packed"_a, "type"_a, "group"_a, "n"_a, "k"_a,
         "rows ids of a packed W, dequantized to float32");
   m.def("repack_gguf", &repack_gguf, "raw"_a, "type"_a, "n"_a, "k"_a, "GGUF blocks [n, row_bytes] -> packed");

@@ -139,7 +139,7 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
 template <int T, int R>
 static void tile_chunk(const Layout& l, const uint8_t* tile, int units, int n, const XQuant& x, int r0, float* out,
                        int t) {
-  alignas(64) float buf[V::MAXR * TILE];
+  alignas(64) float buf[R * TILE];
   for (int slice = 0; slice < TILE / V::L; ++slice) tile_rows<T, R>(l, tile, units, x, r0, slice, buf, TILE);
   const int cols = std::min(TILE, n - t * TILE);
   for (int r = 0; r < R; ++r) std::memcpy(out + size_t(r0 + r) * n + t * TILE, buf + r * TILE, sizeof(float) * cols);
@@ -154,6 +154,17 @@ static void tile_chunk(const Layout& l, const uint8_t* tile, int units, int n, c
 constexpr int ROW_BLOCK = 64;
 constexpr size_t TILE_ORDER_BYTES = size_t(1) << 20;
 
+// Rows per chunk: V::MAXR for the K-quants, at most BLOCK_TYPE_ROWS for the 32-value block types.
+// AVX-512 on Zen 5 gains from chunks of 8 rows where a block's decode is heavy (K-quant scales:
+// Qwen2.5-1.5B Q4_K_M, a forward over 8 / 16 tokens 132 -> 104 ms / 227 -> 195 ms) and not where
+// it is light (SmolLM2's Q4_1 / Q8_0: 16 tokens 29.3 -> 30.9 ms, and on Zen 4 slower, see
+// docs/benchmarks.md), so those keep chunks of 4. The chunking never changes a row's operations.
+#ifndef BLOCK_TYPE_ROWS
+#define BLOCK_TYPE_ROWS V::MAXR
+#endif
+template <int T>
+constexpr bool wide_chunks = Traits<T>::kq || T == Q6_K || BLOCK_TYPE_ROWS >= V::MAXR;
+
 template <int T>
 static void chunk(const Layout& l, const uint8_t* tile, int units, int n, const XQuant& x, int r0, int rows,
                   float* out, int t) {
@@ -163,10 +174,11 @@ static void chunk(const Layout& l, const uint8_t* tile, int units, int n, const 
     case 3: tile_chunk<T, 3>(l, tile, units, n, x, r0, out, t); break;
     case 4: tile_chunk<T, 4>(l, tile, units, n, x, r0, out, t); break;
 #if MAXR_8
-    case 5: tile_chunk<T, 5>(l, tile, units, n, x, r0, out, t); break;
-    case 6: tile_chunk<T, 6>(l, tile, units, n, x, r0, out, t); break;
-    case 7: tile_chunk<T, 7>(l, tile, units, n, x, r0, out, t); break;
-    case 8: tile_chunk<T, 8>(l, tile, units, n, x, r0, out, t); break;
+    // only instantiated where used (extra instantiations changed the 4-row code's speed)
+    case 5: if constexpr (wide_chunks<T>) tile_chunk<T, 5>(l, tile, units, n, x, r0, out, t); break;
+    case 6: if constexpr (wide_chunks<T>) tile_chunk<T, 6>(l, tile, units, n, x, r0, out, t); break;
+    case 7: if constexpr (wide_chunks<T>) tile_chunk<T, 7>(l, tile, units, n, x, r0, out, t); break;
+    case 8: if constexpr (wide_chunks<T>) tile_chunk<T, 8>(l, tile, units, n, x, r0, out, t); break;
 #endif
   }
 }
@@ -177,16 +189,17 @@ static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, co
   const size_t tb = tile_bytes(l, k);
   const int units = k / l.group;
   const bool by_tile = tb * size_t(t1 - t0) > TILE_ORDER_BYTES;
+  constexpr int step = wide_chunks<T> ? V::MAXR : std::min(V::MAXR, BLOCK_TYPE_ROWS);
   for (int b0 = 0; b0 < m; b0 += ROW_BLOCK) {
     const int b1 = std::min(m, b0 + ROW_BLOCK);
     if (by_tile) {
       for (int t = t0; t < t1; ++t)
-        for (int r0 = b0; r0 < b1; r0 += V::MAXR)
-          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(V::MAXR, b1 - r0), out, t);
+        for (int r0 = b0; r0 < b1; r0 += step)
+          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t);
     } else {
-      for (int r0 = b0; r0 < b1; r0 += V::MAXR)
+      for (int r0 = b0; r0 < b1; r0 += step)
         for (int t = t0; t < t1; ++t)
-          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(V::MAXR, b1 - r0), out, t);
+          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t);
     }
   }
 }

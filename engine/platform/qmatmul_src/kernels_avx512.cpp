@@ -14,7 +14,7 @@ struct V {
   using vi = __m512i;
   using vf = __m512;
   static constexpr int L = 16;
-  static constexpr int MAXR = 4;
+  static constexpr int MAXR = 8;
   static inline vf zero() { return _mm512_setzero_ps(); }
   static inline vi izero() { return _mm512_setzero_si512(); }
   static inline vi load(const uint8_t* p) { return _mm512_loadu_si512(p); }
@@ -59,7 +59,8 @@ struct V {
   static inline void storef(float* p, vf v) { _mm512_storeu_ps(p, v); }
 };
 
-#define MAXR_8 0
+#define MAXR_8 1
+#define BLOCK_TYPE_ROWS 4
 #include "kernel_body.h"
 
 }  // namespace mlxcel_q::avx512

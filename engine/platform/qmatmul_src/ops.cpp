@@ -309,6 +309,31 @@ mx::array qmatmul(const mx::array& x, const mx::array& packed, int type, int gro
   return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), s);
 }
 
+std::vector<mx::array> qmatmul_multi(const mx::array& x, const std::vector<mx::array>& packed,
+                                     const std::vector<int>& types, const std::vector<int>& groups,
+                                     const std::vector<int>& ns, int k) {
+  const size_t count = packed.size();
+  if (count == 0 || types.size() != count || groups.size() != count || ns.size() != count)
+    throw std::invalid_argument("qmatmul_multi: one type, group and n per packed matrix");
+  for (size_t i = 0; i < count; ++i) check_packed(packed[i], types[i], groups[i], ns[i], k);
+  if (x.ndim() < 1 || x.shape(-1) != k) throw std::invalid_argument("qmatmul_multi: x's last axis must be k");
+  auto s = mx::default_stream(mx::Device::cpu);
+  auto xf = x.dtype() == mx::float32 ? x : mx::astype(x, mx::float32, s);
+  std::vector<mx::Shape> shapes;
+  for (int n : ns) {
+    mx::Shape shape = x.shape();
+    shape.back() = n;
+    shapes.push_back(shape);
+  }
+  std::vector<mx::array> inputs{xf};
+  inputs.insert(inputs.end(), packed.begin(), packed.end());
+  auto outs = mx::array::make_arrays(shapes, std::vector<mx::Dtype>(count, mx::float32),
+                                     std::make_shared<QMatmulMulti>(s, types, groups, ns, k), inputs);
+  if (x.dtype() != mx::float32)
+    for (auto& o : outs) o = mx::astype(o, x.dtype(), s);
+  return outs;
+}
+
 mx::array dequant_rows(const mx::array& ids, const mx::array& packed, int type, int group, int n, int k) {
   check_packed(packed, type, group, n, k);
   auto s = mx::default_stream(mx::Device::cpu);
@@ -368,6 +393,80 @@ std::vector<mx::Shape> QMatmul::output_shapes(const std::vector<mx::array>& inpu
   mx::Shape shape = inputs[0].shape();
   shape.back() = n_;
   return {shape};
+}
+
+void QMatmulMulti::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.set_input_array(x);
+  const size_t count = outputs.size();
+  std::vector<const uint8_t*> wps(count);
+  std::vector<float*> ops(count);
+  for (size_t i = 0; i < count; ++i) {
+    enc.set_input_array(inputs[i + 1]);
+    outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
+    enc.set_output_array(outputs[i]);
+    wps[i] = inputs[i + 1].data<uint8_t>();
+    ops[i] = outputs[i].data<float>();
+  }
+  const int m = int(x.size() / k_);
+  const bool strided = !x.flags().row_contiguous;
+  enc.dispatch([xp = x.data<float>(), wps = std::move(wps), ops = std::move(ops), m, types = types_,
+                groups = groups_, ns = ns_, k = k_, strided, shape = x.shape(), strides = x.strides()]() {
+    static thread_local Scratch sc;
+    static thread_local std::vector<float> gathered;
+    const float* rows = xp;
+    if (strided) {
+      gather_rows(xp, shape, strides, size_t(m) * k, gathered);
+      rows = gathered.data();
+    }
+    quantize_rows(rows, m, k, sc);
+    const XQuant xq{sc.q.data(), sc.d.data(), sc.s.data(), sc.ds.data(), k};
+    const size_t count = ns.size();
+    // The matrices' tiles numbered one after another; each thread takes one contiguous range.
+    std::vector<int> first(count + 1, 0);
+    size_t work = 0;
+    for (size_t i = 0; i < count; ++i) {
+      first[i + 1] = first[i] + n_tiles(ns[i]);
+      work += size_t(m) * ns[i] * k;
+    }
+    const int tiles = first[count];
+    Kernel kern = g_kernel;
+    auto span = [&](int t0, int t1) {
+      for (size_t i = 0; i < count; ++i) {
+        const int a = std::max(t0, first[i]) - first[i], b = std::min(t1, first[i + 1]) - first[i];
+        if (a < b) kern(layout_of(types[i], groups[i]), wps[i], ns[i], k, xq, m, ops[i], a, b);
+      }
+    };
+    Pool& p = pool();
+    const int parts = std::min(p.threads(), tiles);
+    if (parts <= 1 || work < (1u << 16)) {
+      span(0, tiles);
+      return;
+    }
+    p.run([&](int part, int of) {
+      span(int(int64_t(tiles) * part / of), int(int64_t(tiles) * (part + 1) / of));
+    });
+  });
+}
+
+void QMatmulMulti::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error("MlxcelQMatmulMulti runs on the CPU only");
+}
+
+bool QMatmulMulti::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QMatmulMulti&>(other);
+  return types_ == o.types_ && groups_ == o.groups_ && ns_ == o.ns_ && k_ == o.k_;
+}
+
+std::vector<mx::Shape> QMatmulMulti::output_shapes(const std::vector<mx::array>& inputs) {
+  std::vector<mx::Shape> shapes;
+  for (int n : ns_) {
+    mx::Shape shape = inputs[0].shape();
+    shape.back() = n;
+    shapes.push_back(shape);
+  }
+  return shapes;
 }
 
 void DequantRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {

@@ -12,6 +12,11 @@ namespace mx = mlx::core;
 
 // x[..., k] (float) times the packed matrix W[n, k] transposed: [..., n] float32, on the CPU.
 mx::array qmatmul(const mx::array& x, const mx::array& packed, int type, int group, int n, int k);
+// The same x times several packed matrices W_i[n_i, k] (q/k/v, gate/up): x quantized once, one
+// primitive, one pass of the threads; output i is bitwise what qmatmul(x, W_i) gives.
+std::vector<mx::array> qmatmul_multi(const mx::array& x, const std::vector<mx::array>& packed,
+                                     const std::vector<int>& types, const std::vector<int>& groups,
+                                     const std::vector<int>& ns, int k);
 // Rows ids (any shape, integer) of W, dequantized: ids.shape + [k] float32 (an embedding lookup).
 mx::array dequant_rows(const mx::array& ids, const mx::array& packed, int type, int group, int n, int k);
 
@@ -34,6 +39,21 @@ class QMatmul : public mx::UnaryPrimitive {
 
  private:
   int type_, group_, n_, k_;
+};
+
+class QMatmulMulti : public mx::Primitive {
+ public:
+  QMatmulMulti(mx::Stream s, std::vector<int> types, std::vector<int> groups, std::vector<int> ns, int k)
+      : mx::Primitive(s), types_(std::move(types)), groups_(std::move(groups)), ns_(std::move(ns)), k_(k) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override { return "MlxcelQMatmulMulti"; }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  std::vector<int> types_, groups_, ns_;
+  int k_;
 };
 
 class DequantRows : public mx::UnaryPrimitive {
