@@ -665,10 +665,12 @@ class Scheduler:
                 result = rounds[j] if isinstance(rounds[j], Exception) else next(results)
                 if isinstance(result, Exception):
                     raise result
+                # set before the round's tokens stream out: a client that has them may ask /slots at once
+                run.last_step = {"rows": len(plan), "tokens": plan.n_tokens, "drafted": result.proposed,
+                                 "accepted": result.accepted}
                 accepted = self._emit(run, result)
                 accepted_total += accepted
-                run.last_step = {"rows": len(plan), "tokens": plan.n_tokens, "drafted": result.proposed,
-                                 "accepted": accepted}
+                run.last_step["accepted"] = accepted
             except Exception as exc:
                 log.exception("verify round failed in slot %d", row)
                 run.fail(_as_api_error(exc))
