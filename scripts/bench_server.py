@@ -8,6 +8,15 @@ aggregate generated tokens/s over the wall time of the round and the mean time t
 The ratio column is mlxcel / mlx_lm at the same concurrency.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_server.py [--max-tokens 64] [--clients 1,4,8]
+
+``--unified-ab``: instead, two mlxcel servers on the same model (``-m``, default the built-in
+SmolLM2 GGUF, packed CPU kernels), one with the iteration's single ragged forward (prompt chunks,
+plain rows and verify blocks together, the default) and one with ``MLXCEL_UNIFIED_STEP=0`` (each
+prompt chunk its own forward, plain rows in mlx-lm's batch cache): ``--clients`` clients arriving
+together, ``--repeats`` rounds with the arms alternating, reporting per arm the median aggregate
+tok/s, the median of the rounds' mean time to first token and the server process's CPU seconds.
+
+    ./scripts/with-blas .venv/bin/python scripts/bench_server.py --unified-ab [--clients 8] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -119,8 +129,13 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--clients", default="1,4,8")
     ap.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "mlxcel-bench" / "smollm2-135m-f32"))
+    ap.add_argument("--unified-ab", action="store_true", help="one ragged forward per iteration vs not (docstring)")
+    ap.add_argument("-m", "--model", default=None, help="--unified-ab: the model (default the built-in SmolLM2)")
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
+    if args.unified_ab:
+        return unified_ab(args, max(levels))
     model_dir = export_default_model(Path(args.model_dir))
     logs = Path(tempfile.mkdtemp(prefix="bench-server-"))
     servers = {
@@ -152,6 +167,66 @@ def main() -> int:
         a, b = table["mlxcel"][c], table["mlx_lm"][c]
         print(f"| {c} | {a[0]:.1f} | {b[0]:.1f} | {a[0] / b[0]:.2f}x | {a[1] * 1e3:.0f} | {b[1] * 1e3:.0f} |")
     return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def unified_ab(args, clients: int) -> int:
+    import statistics
+
+    logs = Path(tempfile.mkdtemp(prefix="bench-server-ab-"))
+    model = ["-m", args.model] if args.model else []
+    arms = {"unified": "1", "separate": "0"}
+    procs, urls = {}, {}
+    try:
+        for name, flag in arms.items():
+            port = free_port()
+            urls[name] = f"http://127.0.0.1:{port}"
+            cmd = [sys.executable, "-m", "mlxcel.server.cli", *model, "--port", str(port), "-np", str(clients),
+                   "-c", str(2048 * clients)]
+            env = {**env_with_fast_blas(), "MLXCEL_UNIFIED_STEP": flag}
+            procs[name] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(logs / f"{name}.log", "wb"),
+                                           stderr=subprocess.STDOUT)
+            start_wait(procs[name], urls[name], logs / f"{name}.log")
+            asyncio.run(round_(urls[name], clients, 8, "m"))  # warm-up
+        results: dict[str, list[tuple[float, float, float]]] = {name: [] for name in arms}
+        for r in range(args.repeats):
+            for name in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+                cpu0 = cpu_seconds(procs[name].pid)
+                tps, ttft, n = asyncio.run(round_(urls[name], clients, args.max_tokens, "m"))
+                results[name].append((tps, ttft, cpu_seconds(procs[name].pid) - cpu0))
+                print(f"{name:8s} round {r}: {tps:7.1f} tok/s, TTFT {ttft * 1e3:6.0f} ms ({n} tokens)", flush=True)
+    finally:
+        for proc in procs.values():
+            proc.terminate()
+            proc.wait(timeout=30)
+    med = {name: [statistics.median(x[i] for x in rows) for i in range(3)] for name, rows in results.items()}
+    print()
+    print(f"| {clients} clients together | aggregate tok/s | mean TTFT ms | server CPU s |")
+    print("|---|---:|---:|---:|")
+    for name in arms:
+        tps, ttft, cpu = med[name]
+        print(f"| {name} | {tps:.1f} | {ttft * 1e3:.0f} | {cpu:.1f} |")
+    u, s_ = med["unified"], med["separate"]
+    print(f"| unified / separate | {u[0] / s_[0]:.2f}x | {u[1] / s_[1]:.2f}x | {u[2] / s_[2]:.2f}x |")
+    return 0
+
+
+def start_wait(proc: subprocess.Popen, url: str, log: Path) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(url + "/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("server did not come up")
 
 
 if __name__ == "__main__":

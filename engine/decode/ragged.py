@@ -1,27 +1,34 @@
 """One forward over rows that each bring their own number of tokens, on a cache where each row keeps
-or drops its own tail: what lets every speculating row's verify block (its pending token and its
-own ``k_i`` drafts) run in one target forward per engine iteration.
+or drops its own tail: what lets every row of an engine iteration (a speculating row's verify
+block, its pending token and its own ``k_i`` drafts; a plain row's one token; a prompt's chunk) run
+in one target forward.
 
 Why not mlx-lm's ``BatchKVCache``: its rows share one write index (a row shorter than the longest
 is left-padded), so a row that rejects ``r`` drafts while another accepts all of its own would have
 to move its whole KV history ``r`` places right to stay aligned (measured at 15-55 ms a round on
-SmolLM2 here). :class:`RaggedKVCache` instead keeps one length per row. A forward of width ``T``
-writes row ``i``'s ``T`` new entries at that row's own length (rows with fewer than ``T`` tokens
-are right-padded: the padding is written past the row's end, never attended, and overwritten
-later), the mask lets row ``i``'s query ``t`` see keys ``0 .. L_i + t`` exactly, and rotary
-positions are the per-row lengths. Dropping a row's rejected tail is then ``L_i -= r``: O(1), no
-copy. Rows join with a copy of their single-sequence ``KVCache`` and leave as one again (for the
-slot's prompt reuse), so what enters and leaves is the cache ``decode.kv_cache`` rewinds exactly.
+SmolLM2 here). :class:`RaggedKVCache` instead keeps one length per row. A forward writes row
+``i``'s new entries at that row's own positions (one scatter per layer into a token-major cache),
+row ``i``'s query ``t`` sees keys ``0 .. L_i + t`` exactly, and rotary positions are per token.
+Dropping a row's rejected tail is then ``L_i -= r``: O(1), no copy. Rows join with a copy of their
+single-sequence ``KVCache`` (possibly empty: a prompt prefilled in the batch) and leave as one again
+(for the slot's prompt reuse), so what enters and leaves is the cache ``decode.kv_cache`` rewinds
+exactly. A row brings any number of tokens (a decode step, a verify block, a prompt chunk) and asks
+for the logits of as many of its last positions as it needs (``StepPlan.logits``).
 
 ``docs/benchmarks.md`` compares this design with the alternative of keeping each row's own cache
 and concatenating them into a padded batch for every forward (``scripts/bench_ragged_cache.py``).
 
-Exactness: a row's logits are bitwise the same whatever else is in the forward (and alone) where
-the matmul kernels round a row independently of the matrix height, which mlxcel's packed CPU
-kernels do from two rows up (hence no forward is one token wide; ``tests/engine/decode/test_ragged.py``)
-and masked attention does over padded keys; OpenBLAS's float32 sgemm does not promise it (its rows
-move by ~1e-6 with the height), exactly as for the plain ``DecodeBatch``. The decisions on those
-logits are the rules' own, so every row's tokens are the ones it gets alone wherever the logits are.
+Exactness: on a model running mlxcel's fused CPU ops (packed weights on the CPU) every token runs
+flat, with no padding: the matmuls round a row independently of the matrix height from two rows up
+(hence no forward, and no head, is one row tall), the per-token rope and the ragged attention
+(``platform.ragged_ops``) compute each token and query by the single-sequence fused ops' own code,
+over exactly its row's keys. So a row's logits are bitwise the same whatever else is in the forward,
+and the same as the single-sequence forward of the same chunks gives (``tests/engine/decode/test_ragged.py``).
+Elsewhere (Metal, CUDA, float weights, ``MLXCEL_FUSED_OPS=0``) the attention is MLX's masked one on a
+padded ``[B, width]`` view: exact only where its kernels round a row independently of the padded
+shape, which MLX's CPU masked attention (BLAS sgemm and softmax over the padded keys) does not
+promise, exactly as for the plain ``DecodeBatch``. The decisions on those logits are the rules' own,
+so every row's tokens are the ones it gets alone wherever the logits are.
 
 Only plain attention caches (mlx-lm ``KVCache``) join: sliding windows, quantized and recurrent
 layers keep the per-row path (see :func:`joinable`). Pure MLX, synchronous.
@@ -40,27 +47,35 @@ import mlx.core as mx
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
+from mlxcel.engine.platform.ragged_ops import ragged_attention, rope_positions, runs_fused
+
 _STEP = 256  # capacity grows in multiples of this many positions, as mlx-lm's KVCache does
 
 
 @dataclass
 class StepPlan:
     """What one engine iteration forwards in the ragged batch: per row (``rows[i]``, a slot id) the
-    tokens it feeds (``tokens[i]``: a verify block ``[pending, d_0 .. d_{k-1}]``, or one token) and
-    the absolute position of the first of them (``positions[i]``: the row's cache length)."""
+    tokens it feeds (``tokens[i]``: a verify block ``[pending, d_0 .. d_{k-1}]``, one token, or a
+    prefill chunk), the absolute position of the first of them (``positions[i]``: the row's cache
+    length) and how many of its last positions need logits (``logits[i]``: all of a verify block,
+    one for a decode step or a prompt's last chunk, none for a chunk inside a prompt)."""
 
     rows: list[Hashable] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
+    logits: list[int] = field(default_factory=list)
 
-    def add(self, row: Hashable, tokens: Sequence[int], position: int) -> None:
+    def add(self, row: Hashable, tokens: Sequence[int], position: int, logits: int | None = None) -> None:
+        """``logits``: how many of the row's last positions get logits (None: every one)."""
         self.rows.append(row)
         self.tokens.append([int(t) for t in tokens])
         self.positions.append(int(position))
+        n = len(self.tokens[-1])
+        self.logits.append(n if logits is None else max(0, min(int(logits), n)))
 
     @property
     def width(self) -> int:
-        """Tokens per row in the forward (the longest row's)."""
+        """Tokens of the longest row."""
         return max((len(t) for t in self.tokens), default=0)
 
     @property
@@ -80,76 +95,126 @@ def joinable(cache: list[Any]) -> bool:
 class RaggedKVCache:
     """One attention layer's cache for rows of different lengths (module docstring).
 
-    ``keys`` / ``values``: ``[B, heads, capacity, dim]``; ``lengths[i]``: the tokens row ``i`` holds.
-    During a forward, ``offset`` is the per-row lengths before it (the rotary positions) and
-    ``make_mask`` the per-row causal mask."""
+    ``keys`` / ``values``: ``[P, capacity, heads, dim]``, token-major so that a forward's new
+    entries (each at its row's own position) are written by one scatter. Rows live in physical
+    places: row ``i`` (in batch order) is place ``places[i]`` and holds ``lengths[i]`` tokens; a row
+    that leaves frees its place for the next one to join, so neither joining nor leaving moves the
+    other rows' entries (places grow by doubling). ``keys`` is None until a row brings or writes an
+    entry (a row may join empty: a prompt prefilled in the batch). During a forward, ``offset`` is
+    the per-row lengths before it (the rotary positions of the padded layout) and ``make_mask`` the
+    per-row causal mask."""
 
-    def __init__(self):
+    def __init__(self, places: int = 1):
         self.keys: mx.array | None = None
         self.values: mx.array | None = None
         self.lengths: list[int] = []
+        self.places: list[int] = []
+        self.free: list[int] = list(range(max(1, places)))
+        self._initial = max(1, places)
         self.offset: mx.array = mx.array([], dtype=mx.int32)
+        self._counts: list[int] = []
 
     # -- rows in and out ---------------------------------------------------------------------------
 
-    def _reserve(self, need: int, like: mx.array | None = None) -> None:
-        cap = 0 if self.keys is None else self.keys.shape[2]
+    def _capacity(self, need: int) -> int:
+        return ((max(need, 1) + _STEP - 1) // _STEP) * _STEP
+
+    def _allocate(self, heads: int, dim: int, dtype, need: int) -> None:
+        places = max(1, len(self.places) + len(self.free))
+        shape = (places, self._capacity(need), heads, dim)
+        self.keys, self.values = mx.zeros(shape, dtype=dtype), mx.zeros(shape, dtype=dtype)
+
+    def _reserve(self, need: int) -> None:
+        cap = self.keys.shape[1]
         if need <= cap:
             return
-        new_cap = ((need + _STEP - 1) // _STEP) * _STEP
-        if self.keys is None:
-            b, h, _, d = like.shape
-            self.keys = mx.zeros((0, h, new_cap, d), dtype=like.dtype)
-            self.values = mx.zeros((0, h, new_cap, d), dtype=like.dtype)
-            return
-        b, h, _, d = self.keys.shape
-        pad = mx.zeros((b, h, new_cap - cap, d), dtype=self.keys.dtype)
-        self.keys = mx.concatenate([self.keys, pad], axis=2)
-        self.values = mx.concatenate([self.values, pad], axis=2)
+        p, _, h, d = self.keys.shape
+        pad = mx.zeros((p, self._capacity(need) - cap, h, d), dtype=self.keys.dtype)
+        self.keys = mx.concatenate([self.keys, pad], axis=1)
+        self.values = mx.concatenate([self.values, pad], axis=1)
+
+    def _place(self) -> int:
+        """A free place for a joining row (more places, doubled, when none is free)."""
+        if not self.free:
+            total = len(self.places)
+            grow = max(1, total)
+            self.free = list(range(total, total + grow))
+            if self.keys is not None:
+                _, cap, h, d = self.keys.shape
+                pad = mx.zeros((grow, cap, h, d), dtype=self.keys.dtype)
+                self.keys = mx.concatenate([self.keys, pad], axis=0)
+                self.values = mx.concatenate([self.values, pad], axis=0)
+        return self.free.pop(0)
 
     def append_row(self, layer: KVCache) -> None:
-        n = int(layer.offset)
-        k, v = layer.keys[..., :n, :], layer.values[..., :n, :]
-        self._reserve(n, like=k)
-        cap = self.keys.shape[2]
-        pad = mx.zeros((1, k.shape[1], cap - n, k.shape[3]), dtype=self.keys.dtype)
-        self.keys = mx.concatenate([self.keys, mx.concatenate([k, pad], axis=2)], axis=0)
-        self.values = mx.concatenate([self.values, mx.concatenate([v, pad], axis=2)], axis=0)
+        n = int(layer.offset) if layer.keys is not None else 0
+        place = self._place()
+        self.places.append(place)
         self.lengths.append(n)
+        if n == 0:
+            return
+        k = layer.keys[..., :n, :].transpose(0, 2, 1, 3)  # [1, n, heads, dim]
+        v = layer.values[..., :n, :].transpose(0, 2, 1, 3)
+        if self.keys is None:
+            self._allocate(k.shape[2], k.shape[3], k.dtype, n)
+        self._reserve(n)
+        self.keys[place:place + 1, :n] = k
+        self.values[place:place + 1, :n] = v
 
     def extract_row(self, i: int) -> KVCache:
         layer = KVCache()
-        n = self.lengths[i]
+        n, place = self.lengths[i], self.places[i]
         if n:
-            layer.keys = mx.array(self.keys[i:i + 1, :, :n, :])
-            layer.values = mx.array(self.values[i:i + 1, :, :n, :])
+            layer.keys = mx.contiguous(self.keys[place:place + 1, :n].transpose(0, 2, 1, 3))
+            layer.values = mx.contiguous(self.values[place:place + 1, :n].transpose(0, 2, 1, 3))
             layer.offset = n
         return layer
 
     def keep_rows(self, keep: list[int]) -> None:
+        kept = set(keep)
+        self.free.extend(p for i, p in enumerate(self.places) if i not in kept)
+        self.free.sort()
+        self.lengths = [self.lengths[i] for i in keep]
+        self.places = [self.places[i] for i in keep]
         if not keep:
             self.keys = self.values = None
-            self.lengths = []
-            return
-        index = mx.array(keep, dtype=mx.int32)
-        self.keys, self.values = self.keys[index], self.values[index]
-        self.lengths = [self.lengths[i] for i in keep]
+            self.free = list(range(self._initial))
 
-    # -- the forward (what an mlx-lm attention layer calls) ------------------------------------------
+    # -- the forward -----------------------------------------------------------------------------------
 
-    def begin(self, width: int) -> None:
-        """Before a forward of ``width`` tokens per row: room for them, positions for the rotary embedding."""
-        self._reserve(max(self.lengths) + width)
+    def begin(self, counts: Sequence[int]) -> None:
+        """Before a forward in which row ``i`` feeds ``counts[i]`` tokens (padding included)."""
+        self._counts = [int(c) for c in counts]
+        if self.keys is not None:
+            self._reserve(self._need())
         self.offset = mx.array(self.lengths, dtype=mx.int32)
-        self._width = width
+
+    def _need(self) -> int:
+        # room for the padded layout too (every row written ``max(counts)`` places on from its length)
+        return max(self.lengths) + max(self._counts)
+
+    def write(self, places: mx.array, positions: mx.array, keys: mx.array, values: mx.array) -> None:
+        """Store entry ``j`` (``keys[j]``: ``[heads, dim]``) at place ``places[j]``, position ``positions[j]``."""
+        if self.keys is None:
+            self._allocate(keys.shape[1], keys.shape[2], keys.dtype, self._need())
+        self.keys[places, positions] = keys
+        self.values[places, positions] = values
+
+    def head_major(self) -> tuple[mx.array, mx.array]:
+        """Every place's keys and values as ``[P, heads, capacity, dim]`` views (no copy)."""
+        return self.keys.transpose(0, 2, 1, 3), self.values.transpose(0, 2, 1, 3)
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        width = keys.shape[2]
-        for i, n in enumerate(self.lengths):
-            self.keys[i:i + 1, :, n:n + width, :] = keys[i:i + 1]
-            self.values[i:i + 1, :, n:n + width, :] = values[i:i + 1]
+        """What an mlx-lm attention layer calls on the padded layout: ``keys`` ``[B, heads, width, dim]``,
+        row ``i``'s entries written from its own length on (its padding past its end, never attended);
+        returns the rows' keys and values ``[B, heads, end, dim]``, in batch order."""
+        b, h, width, d = keys.shape
+        places = mx.array(self.places, dtype=mx.int32)
+        positions = (self.offset[:, None] + mx.arange(width, dtype=mx.int32)[None, :]).reshape(-1)
+        self.write(mx.repeat(places, width), positions, keys.transpose(0, 2, 1, 3).reshape(b * width, h, d),
+                   values.transpose(0, 2, 1, 3).reshape(b * width, h, d))
         end = max(self.lengths) + width
-        return self.keys[:, :, :end, :], self.values[:, :, :end, :]
+        return (self.keys[places, :end].transpose(0, 2, 1, 3), self.values[places, :end].transpose(0, 2, 1, 3))
 
     def make_mask(self, n: int, return_array: bool = False, window_size: int | None = None) -> mx.array:
         """Row ``i``'s query ``t`` (absolute position ``L_i + t``) sees keys ``0 .. L_i + t``."""
@@ -164,15 +229,17 @@ class RaggedKVCache:
 
     @property
     def state(self):
-        return self.keys, self.values
+        return [a for a in (self.keys, self.values) if a is not None]
 
 
 class RaggedBatch:
-    """The rows of a ragged forward (speculating rows), keyed by slot id, with one
-    :class:`RaggedKVCache` per layer."""
+    """The rows of a ragged forward, keyed by slot id, with one :class:`RaggedKVCache` per layer."""
 
-    def __init__(self, model):
+    def __init__(self, model, places: int = 1):
+        """``places``: rows to make room for at once; more are added as rows join, doubling (a
+        server leaves it at one: every place costs the longest row's length of memory)."""
         self.model = model
+        self.places = places
         self.rows: list[Hashable] = []
         self.cache: list[RaggedKVCache] | None = None
 
@@ -186,13 +253,13 @@ class RaggedBatch:
         return self.cache[0].lengths[self.rows.index(row)]
 
     def add(self, row: Hashable, cache: list[Any]) -> None:
-        """Append a row whose single-sequence ``cache`` (``joinable``) holds its context."""
+        """Append a row whose single-sequence ``cache`` (``joinable``) holds its context (maybe none yet)."""
         if row in self.rows:
             raise ValueError(f"row {row!r} is already in the batch")
         if not joinable(cache):
             raise ValueError("only plain KVCache layers can join a ragged batch")
         if self.cache is None:
-            self.cache = [RaggedKVCache() for _ in cache]
+            self.cache = [RaggedKVCache(self.places) for _ in cache]
         for layer, single in zip(self.cache, cache):
             layer.append_row(single)
         mx.eval([layer.state for layer in self.cache])
@@ -204,6 +271,7 @@ class RaggedBatch:
         if not rows:
             return {}
         out = {r: [layer.extract_row(self.rows.index(r)) for layer in self.cache] for r in rows}
+        mx.eval([[layer.state for layer in c] for c in out.values()])
         keep = [i for i, r in enumerate(self.rows) if r not in out]
         for layer in self.cache:
             layer.keep_rows(keep)
@@ -222,36 +290,45 @@ class RaggedBatch:
         for layer in self.cache:
             layer.lengths[i] -= n
 
-    def forward(self, plan: StepPlan) -> list[mx.array]:
+    def forward(self, plan: StepPlan) -> list[mx.array | None]:
         """Run ``plan`` (which must name every row, in ``self.rows`` order) in one forward; returns
-        each row's logits ``[len(plan.tokens[i]), V]``, queued (``mx.async_eval``). Each row's cache
-        then holds its tokens.
+        each row's logits ``[plan.logits[i], V]`` for its last ``plan.logits[i]`` positions (None
+        where it asked for none), queued (``mx.async_eval``). Each row's cache then holds its tokens
+        (a row may bring none: it waits, its cache unchanged).
 
-        The forward never carries a single token in all: a one-row matmul takes another kernel than
-        a taller one (other rounding), so a lone one-token step is laid out as two (the second a
-        padding copy) to round exactly as it does beside other rows."""
+        The forward never carries a single token, nor a head over a single position: a one-row
+        matmul takes another kernel than a taller one (other rounding), so a lone one-token step is
+        laid out as two (the second a padding copy, written past the row's end) and a lone logits
+        row is projected twice, to round exactly as they do beside other rows."""
         if plan.rows != self.rows:
             raise ValueError("the step plan must name every row of the batch, in order")
         counts = [len(t) for t in plan.tokens]
-        tokens = [list(t) for t in plan.tokens]
-        if sum(counts) == 1:
+        # a row with nothing this iteration (a prompt past the chunk budget) feeds one padding token,
+        # written past its end and never counted; a lone token is fed twice (see above)
+        tokens = [list(t) if t else [0] for t in plan.tokens]
+        if sum(len(t) for t in tokens) == 1:
             tokens[0] = tokens[0] + tokens[0]
-        width = max(len(t) for t in tokens)
         for layer in self.cache:
-            layer.begin(width)
+            layer.begin([len(t) for t in tokens])
+        starts = [0]
+        for t in tokens:
+            starts.append(starts[-1] + len(t))
+        wanted = [list(range(starts[i] + c - n, starts[i] + c)) for i, (c, n) in enumerate(zip(counts, plan.logits))]
         if packable(self.model):
-            flat = _packed_forward(self.model, tokens, self.cache, width)
-            starts = [0]
-            for t in tokens:
-                starts.append(starts[-1] + len(t))
-            logits = [flat[starts[i]:starts[i] + c] for i, c in enumerate(counts)]
+            picks = [j for w in wanted for j in w]
+            flat = _packed_forward(self.model, tokens, self.cache, picks)  # the caches are written even with no head
+            logits, at = [], 0
+            for w in wanted:
+                logits.append(flat[at:at + len(w)] if w else None)
+                at += len(w)
         else:
+            width = max(len(t) for t in tokens)
             x = mx.array([t + [0] * (width - len(t)) for t in tokens], dtype=mx.int32)
             padded = self.model(x, cache=self.cache)
-            logits = [padded[i, :c] for i, c in enumerate(counts)]
+            logits = [padded[i, c - n:c] if n else None for i, (c, n) in enumerate(zip(counts, plan.logits))]
         for layer in self.cache:
             layer.advance(counts)
-        mx.async_eval(logits, [layer.state for layer in self.cache])
+        mx.async_eval([x for x in logits if x is not None], [layer.state for layer in self.cache])
         return logits
 
 
@@ -275,43 +352,69 @@ def packable(model) -> bool:
         for layer in layers)
 
 
-def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], width: int) -> mx.array:
+def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], picks: list[int]) -> mx.array | None:
     """The model's forward over the rows' tokens with no padding in the matmuls: the embedding,
-    projections, MLPs, norms and head see the ``N`` real tokens as one flat sequence; only the
-    attention sees the ``[B, width]`` per-row layout (gathered from the flat rows, and gathered back).
+    projections, MLPs, norms and head see the ``N`` real tokens as one flat sequence, and the head
+    only the positions in ``picks`` (flat indices; a lone one is projected twice, see ``forward``).
     On a CPU the forward's cost grows with its tokens, so padding every row to the widest row's
-    block (a 33-token verify beside 1-token steps) would cost as much as the real work several
-    times over. Written here because mlx-lm's models take one rectangular batch only; the ops are
-    the model's own, in its order. Returns the logits ``[N, V]``, rows in plan order."""
+    block (a 33-token verify or a prompt chunk beside 1-token steps) would cost as much as the real
+    work several times over. The attention: on a model running the fused CPU ops, the extension's
+    ragged attention over the flat queries (each sees exactly its own row's keys, by the same code
+    as the single-sequence fused attention, so a row's bits do not depend on the batch); otherwise
+    MLX's masked attention on a padded ``[B, width]`` view gathered from the flat rows (exact only
+    where its kernels round a row independently of the padded shape). Written here because mlx-lm's
+    models take one rectangular batch only; the ops are the model's own, in its order. Returns the
+    logits ``[len(picks), V]`` (None without picks: the caches' writes are what the forward is for)."""
     inner = model.model
     b = len(tokens)
+    width = max(len(t) for t in tokens)
     flat_tokens = [t for row in tokens for t in row]
-    starts, gather, scatter = 0, [], []
-    for i, row in enumerate(tokens):
-        gather.extend(starts + min(t, len(row) - 1) for t in range(width))  # padding slots repeat a real row
-        scatter.extend(i * width + t for t in range(len(row)))
-        starts += len(row)
-    gather_idx = mx.array(gather, dtype=mx.int32)
-    scatter_idx = mx.array(scatter, dtype=mx.int32)
+    n = len(flat_tokens)
+    fused = runs_fused(model)
+    if fused:
+        lengths = cache[0].lengths
+        places = cache[0].places  # every layer keeps its rows in the same places
+        rows_idx = mx.array([places[i] for i, row in enumerate(tokens) for _ in row], dtype=mx.int32)
+        pos_idx = mx.array([lengths[i] + t for i, row in enumerate(tokens) for t in range(len(row))], dtype=mx.int32)
+    else:
+        starts, gather, scatter = 0, [], []
+        for i, row in enumerate(tokens):
+            gather.extend(starts + min(t, len(row) - 1) for t in range(width))  # padding slots repeat a real row
+            scatter.extend(i * width + t for t in range(len(row)))
+            starts += len(row)
+        gather_idx = mx.array(gather, dtype=mx.int32)
+        scatter_idx = mx.array(scatter, dtype=mx.int32)
+        mask = cache[0].make_mask(width)
     h = inner.embed_tokens(mx.array([flat_tokens], dtype=mx.int32))  # [1, N, H]
-    mask = cache[0].make_mask(width)
     for layer, c in zip(inner.layers, cache):
         attn = layer.self_attn
         x = layer.input_layernorm(h)
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
+        if fused:
+            q = rope_positions(q.reshape(n, attn.n_heads, -1), pos_idx, attn.rope)
+            k = rope_positions(k.reshape(n, attn.n_kv_heads, -1), pos_idx, attn.rope)
+            c.write(rows_idx, pos_idx, k, v.reshape(n, attn.n_kv_heads, -1))
+            keys, values = c.head_major()
+            o = ragged_attention(q, keys, values, rows_idx, pos_idx, attn.scale).reshape(1, n, -1)
+        else:
+            def per_row(a, heads):
+                return mx.take(a[0], gather_idx, axis=0).reshape(b, width, heads, -1).transpose(0, 2, 1, 3)
 
-        def per_row(a, heads):
-            return mx.take(a[0], gather_idx, axis=0).reshape(b, width, heads, -1).transpose(0, 2, 1, 3)
-
-        q, k, v = per_row(q, attn.n_heads), per_row(k, attn.n_kv_heads), per_row(v, attn.n_kv_heads)
-        q = attn.rope(q, offset=c.offset)
-        k = attn.rope(k, offset=c.offset)
-        k, v = c.update_and_fetch(k, v)
-        o = scaled_dot_product_attention(q, k, v, cache=c, scale=attn.scale, mask=mask)
-        o = mx.take(o.transpose(0, 2, 1, 3).reshape(b * width, -1), scatter_idx, axis=0)[None]
+            q, k, v = per_row(q, attn.n_heads), per_row(k, attn.n_kv_heads), per_row(v, attn.n_kv_heads)
+            q = attn.rope(q, offset=c.offset)
+            k = attn.rope(k, offset=c.offset)
+            k, v = c.update_and_fetch(k, v)
+            o = scaled_dot_product_attention(q, k, v, cache=c, scale=attn.scale, mask=mask)
+            o = mx.take(o.transpose(0, 2, 1, 3).reshape(b * width, -1), scatter_idx, axis=0)[None]
         h = h + attn.o_proj(o)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
+    if not picks:
+        return None
+    lone = len(picks) == 1
+    h = mx.take(h[0], mx.array(picks + picks if lone else picks, dtype=mx.int32), axis=0)[None]
     h = inner.norm(h)
     if getattr(model.args, "tie_word_embeddings", False):
-        return inner.embed_tokens.as_linear(h)[0]
-    return model.lm_head(h)[0]
+        out = inner.embed_tokens.as_linear(h)[0]
+    else:
+        out = model.lm_head(h)[0]
+    return out[:1] if lone else out

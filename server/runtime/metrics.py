@@ -24,7 +24,7 @@ class Metrics:
     accepted_per_position: list[int] = field(default_factory=list)  # accepted drafts per block position
     per_kind: dict[str, list[int]] = field(default_factory=dict)  # kind -> [rounds, drafted, accepted]
     declined: dict[str, int] = field(default_factory=dict)
-    # the speculating rows' shared verify forwards (scheduler._verify_batch): iterations, rows, tokens, accepted
+    # a speculative server's shared ragged forwards (scheduler._ragged_step): iterations, rows, tokens, accepted
     verify_steps_total: int = 0
     verify_rows_total: int = 0
     verify_tokens_total: int = 0
@@ -143,10 +143,10 @@ class Metrics:
         # upstream's names only, as the per-kind rows above)
         if self.verify_steps_total:
             for name, help_text, value in (
-                    ("verify_steps_total", "Speculative: iterations whose speculating rows shared one verify forward",
+                    ("verify_steps_total", "Speculative: iterations of the shared ragged forward (verifying, plain and prefilling rows)",
                      self.verify_steps_total),
                     ("verify_rows_total", "Speculative: rows in those forwards, summed", self.verify_rows_total),
-                    ("verify_tokens_total", "Speculative: tokens those forwards carried (pending + drafts), summed",
+                    ("verify_tokens_total", "Speculative: tokens those forwards carried (pending + drafts, prompt chunks), summed",
                      self.verify_tokens_total),
                     ("verify_accepted_total", "Speculative: drafts accepted in those forwards", self.verify_accepted_total)):
                 out.append(f"# HELP mlxcel:{name} {help_text}")
@@ -154,9 +154,9 @@ class Metrics:
                 out.append(f"mlxcel:{name} {value}")
             rows_, tokens_, accepted_ = self.last_step
             for name, help_text, value in (
-                    ("verify_step_rows", "Speculative: rows in the last shared verify forward", rows_),
-                    ("verify_step_tokens", "Speculative: tokens in the last shared verify forward", tokens_),
-                    ("verify_step_accepted", "Speculative: drafts accepted in the last shared verify forward", accepted_)):
+                    ("verify_step_rows", "Speculative: rows in the last shared forward", rows_),
+                    ("verify_step_tokens", "Speculative: tokens in the last shared forward", tokens_),
+                    ("verify_step_accepted", "Speculative: drafts accepted in the last shared forward", accepted_)):
                 out.append(f"# HELP mlxcel:{name} {help_text}")
                 out.append(f"# TYPE mlxcel:{name} gauge")
                 out.append(f"mlxcel:{name} {value}")

@@ -8,33 +8,41 @@ it is never blocked by model work. The engine thread runs continuous batching ov
         drop cancelled tasks (a client that went away frees its slot within one step); fail tasks
             past --timeout, or every task once shutting down (begin_shutdown, on SIGTERM)
         give waiting tasks free slots (reusing each slot's cached prompt prefix)
-        prefill: one chunk (<= --ubatch-size tokens) for each prefilling slot, <= --batch-size in all
-        decode: one batched forward for every plain decoding row, then each row samples with its own chain
-                (the grammar masks of the constrained rows computed together, off the GIL, while the
-                forward runs); then one shared verify forward for every speculating row (below)
+        one ragged forward (``_ragged_step``) carrying, per row, what it needs: a prompt chunk
+            (<= --ubatch-size tokens a row, <= --batch-size in all with the decoding rows), a plain
+            row's pending token, a speculating row's verify block; then each speculating row decides
+            on its own logits rows, and the plain rows and the prompts just finished sample their next
+            token, each with its own chain (the grammar masks computed together, off the GIL, while
+            the forward runs)
+        what cannot join that forward runs as before: prompt chunks one forward each (``_prefill``),
+            plain rows in one mlx-lm batch-cache forward (``_decode_batch``), speculating rows one
+            verify round each (``_speculate``)
+
+Which rows join the ragged batch (``engine.decode.ragged``, per-row lengths in one cache, O(1)
+per-row rewind): rows on plain attention caches (``joinable``) of a model whose forward the batch
+runs flat (``packable``: llama / mistral / qwen2 layers), on a speculative server, and on any server
+where the model runs the fused CPU ops (packed weights on the CPU: there the ragged step is faster
+than mlx-lm's batch cache even for plain rows, ``docs/benchmarks.md`` issue 17); among speculating
+rows, those whose drafter proposes from tokens alone (prompt lookup, a draft model), on any model
+with a joinable cache. Rows of model-based drafters (which read the target's hidden states, and
+whose block width the exactness probe gates) keep their own cache, prefill and verify on their own.
+On such a model an iteration is then one forward; every row's logits are the bits it gets alone
+(the ragged batch's exactness note), and a row's decisions and samples are its own, so every
+request gets the tokens it gets alone whatever runs beside it.
 
 A task whose prompt is fully prefilled samples its first token from the prefill logits and joins
-the decode batch before the next step, so new requests join between steps without waiting for the
-running ones to finish.
-
-Speculating rows (a server with a drafter, see ``speculation``) never join the plain decode batch.
-A row whose drafter proposes from tokens alone (prompt lookup, a draft model) and whose cache is
-plain attention joins the ragged batch (``engine.decode.ragged``) instead: each iteration every such
-row proposes its own block (``SpeculativeSession.prepare``), one target forward carries all of them
-(``StepPlan``: per row ``[pending, drafts...]`` at the row's own positions; a row with nothing to
-propose brings its one pending token), each row's rule decides on its own logits rows
-(``SpeculativeSession.decide``, the decision a round alone makes) and the row drops its own rejected
-tail, in O(1) (inside mlx-lm's left-padded batch caches that per-row rewind would mean moving the
-row's whole KV history, measured at 15-55 ms per round on SmolLM2 here). Rows of model-based drafters
-(which read the target's hidden states, and whose block width the exactness probe gates), and rows
-on sliding-window, quantized or recurrent caches, keep their own cache and run one verify round each
-(``_speculate``), as before. Nothing a speculating row does reaches another row's cache.
+the decode rows before the next step, so new requests join between steps without waiting for the
+running ones to finish. Inside mlx-lm's left-padded batch caches a speculating row's per-row rewind
+would mean moving the row's whole KV history (measured at 15-55 ms per round on SmolLM2 here),
+which is why speculating rows never join ``DecodeBatch``. Nothing a row does reaches another row's
+cache.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -46,9 +54,10 @@ import mlx.core as mx
 
 from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
 from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
-from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan, joinable
+from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan, joinable, packable
 from mlxcel.engine.decode.recurrent import has_recurrent_state
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.platform.ragged_ops import runs_fused
 from mlxcel.engine.sampling.batch_select import select_draws
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar import GrammarError
@@ -67,6 +76,7 @@ from mlxcel.server.runtime.task import Deferred, Failed, Final, GenerationOption
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+UNIFIED_ENV = "MLXCEL_UNIFIED_STEP"
 
 
 class Scheduler:
@@ -98,7 +108,15 @@ class Scheduler:
         self._pending: deque[Task] = deque()
         self._jobs: deque[Job] = deque()
         self._batch = DecodeBatch(loaded.model)
-        self._ragged = RaggedBatch(loaded.model)  # the speculating rows verified together
+        # the rows of the iteration's one forward (module docstring)
+        self._ragged = RaggedBatch(loaded.model)
+        # Which rows besides the speculating ones share that forward: on a model whose forward the ragged
+        # batch runs flat (``packable``), plain rows and prompt chunks too, on a speculative server (one
+        # forward per iteration) and on any server where the model runs the fused CPU ops (there the
+        # ragged step beats mlx-lm's batch cache even for plain rows: docs/benchmarks.md, issue 17).
+        # MLXCEL_UNIFIED_STEP=0: the rows that need not share it run as before (benchmarks' baseline arm).
+        self._unified = (packable(loaded.model) and (speculation is not None or runs_fused(loaded.model))
+                         and os.environ.get(UNIFIED_ENV, "1").lower() not in ("0", "false", "no", "off"))
         self.last_step: dict[str, int] = {}  # the last iteration's ragged forward (metrics, /slots)
         self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
         self.faults = FaultPlan.from_env()
@@ -326,13 +344,19 @@ class Scheduler:
         if self.faults is not None:
             slot.run.fault = self.faults.stage_for(self.lm.tokenizer.decode(prompt))
         slot.last_used = time.perf_counter()
+        if self._unified and layers is None and joinable(slot.cache):
+            # its prompt is prefilled in chunks beside the other rows, in the iteration's one forward
+            self._ragged.add(slot.id, slot.cache)
+            slot.cache = None
         slot.run.progress()
 
     def _prefill(self) -> None:
+        """Prompt chunks of the slots outside the ragged batch (a model drafter's rows, which keep the
+        target's features, and caches that cannot join it): one forward per chunk."""
         budget = self.n_batch
         for slot in self.slots:
             run = slot.run
-            if run is None or not run.prefilling or budget <= 0:
+            if run is None or not run.prefilling or budget <= 0 or slot.id in self._ragged:
                 continue
             try:
                 chunk = run.prompt[run.n_past:run.n_past + min(self.n_ubatch, budget)]
@@ -373,7 +397,7 @@ class Scheduler:
                         self.metrics.record_declined(DECLINED_CACHE)
                         log.warning("slot %d: its cache cannot drop rejected drafts now (a wrapped sliding window "
                                     "or a chunk boundary); this request is decoded plainly", slot.id)
-                    self._batch.add(slot.id, slot.cache)
+                    self._join_plain(slot.id, slot.cache)
                     slot.cache = None
             except Exception as exc:
                 log.exception("prefill failed in slot %d", slot.id)
@@ -385,9 +409,16 @@ class Scheduler:
         now, or it has recurrent layers (a verify round records what it needs to cut them back)."""
         return has_recurrent_state(cache) or can_rewind(cache, 1)
 
+    def _join_plain(self, row: int, cache) -> None:
+        """A plain decoding row joins the iteration's ragged forward where it can, else the decode batch."""
+        if self._unified and joinable(cache):
+            self._ragged.add(row, cache)
+        else:
+            self._batch.add(row, cache)
+
     def _decode(self) -> None:
         self._decode_batch()
-        self._verify_batch()
+        self._ragged_step()
         for slot in self.slots:
             run = slot.run
             if slot.id in self._ragged:
@@ -446,26 +477,35 @@ class Scheduler:
             run.features.append(result.kept_features.compact())
         return accepted
 
-    def _verify_batch(self) -> None:
-        """One verify round for every row of the ragged batch, all blocks in one target forward
-        (``decode.ragged``): each row proposes its own block (capped by the forward's cost model at
-        this batch width and the row's acceptance so far, ``verify_cost``), the forward carries every block at its
-        row's own positions, then each row's rule decides on its own rows and the row's cache drops
-        its own rejected tail. The decisions are the ones a round alone makes
-        (``SpeculativeSession.decide``)."""
+    def _ragged_step(self) -> None:
+        """The iteration's one forward over the ragged batch (``decode.ragged``): each row brings what it
+        needs, at its own positions. A speculating row proposes its own block (capped by the forward's
+        cost model at this batch width and the row's acceptance so far, ``verify_cost``) and brings its
+        pending token and drafts; a plain row its pending token; a prefilling row its next prompt chunk
+        (at most ``--ubatch-size`` tokens, the chunks together within what ``--batch-size`` leaves after
+        the decoding rows; a row past the budget waits), with logits only where a prompt ends. Then
+        each speculating row's rule decides on its own rows and the row drops its own rejected tail
+        (``_decide_rows``, the decisions a round alone makes), and the plain rows and the prompts just
+        finished sample their next token (``_sample_rows``)."""
         for row in list(self._ragged.rows):
             slot = self.slots[row]
-            if slot.run is not None and slot.run.context_full():
-                self._shift(slot)  # decodes plainly from now on
+            if slot.run is None:  # its request was ended elsewhere (lockstep): nothing left to forward
+                self._ragged.remove([row])
+            elif not slot.run.prefilling and slot.run.context_full():
+                self._shift(slot)  # decodes plainly from now on, in a fresh cache
         if not len(self._ragged):
             return
-        if not self._room(len(self._ragged)):
-            return
-        plan, preps = StepPlan(), {}
-        cost, width = self.speculation.verify_cost if self.speculation is not None else None, len(self._ragged)
+        preps, decoding, chunks = {}, [], {}
+        cost = self.speculation.verify_cost if self.speculation is not None else None
+        width = sum(1 for r in self._ragged.rows if not self.slots[r].run.prefilling)
         for row in list(self._ragged.rows):
             slot = self.slots[row]
             run = slot.run
+            if run.prefilling:
+                continue
+            decoding.append(row)
+            if run.spec is None:
+                continue
             try:
                 spec = run.spec
                 cap = None if cost is None else cost.draft_cap(width, spec.counters.accepted,
@@ -474,19 +514,49 @@ class Scheduler:
             except Exception as exc:
                 log.exception("drafting failed in slot %d", row)
                 run.fail(_as_api_error(exc))
+                decoding.remove(row)
                 self._release(slot, send=False)
-        for row in self._ragged.rows:
-            plan.add(row, preps[row].block, self._ragged.length(row))
-        if not len(plan):
+        budget = self.n_batch - len(decoding)
+        for row in list(self._ragged.rows):
+            run = self.slots[row].run
+            if not run.prefilling or budget <= 0:
+                continue
+            try:
+                if run.fault == "prefill":
+                    inject_fault("prefill")
+            except Exception as exc:
+                log.exception("prefill failed in slot %d", row)
+                self._fail(self.slots[row], exc)
+                continue
+            chunk = run.prompt[run.n_past:run.n_past + min(self.n_ubatch, budget)]
+            chunks[row] = chunk
+            budget -= len(chunk)
+        if not decoding and not chunks:
             return
+        if not self._room(len(decoding) + sum(len(c) for c in chunks.values())):
+            return
+        plan = StepPlan()
+        for row in self._ragged.rows:
+            run = self.slots[row].run
+            if row in preps:
+                plan.add(row, preps[row].block, self._ragged.length(row))
+            elif row in chunks:
+                last = run.n_past + len(chunks[row]) >= len(run.prompt)
+                plan.add(row, chunks[row], self._ragged.length(row), logits=1 if last else 0)
+            elif row in decoding:
+                plan.add(row, [run.generated[-1]], self._ragged.length(row))
+            else:
+                plan.add(row, [], self._ragged.length(row))  # a prompt waiting for the chunk budget
         runs = [self.slots[r].run for r in plan.rows]
+        sampling = [j for j, row in enumerate(plan.rows) if plan.logits[j] and row not in preps]
         try:
-            if any(run.fault == "forward" for run in runs):
+            if any(self.slots[r].run.fault == "forward" for r in decoding):
                 inject_fault("forward")
             logits = self._ragged.forward(plan)
-            mx.eval(logits)
+            allowed = self._masks([runs[j] for j in sampling], self.vocab_size)  # while the forward runs
+            mx.eval([x for x in logits if x is not None])
         except Exception as exc:
-            log.exception("batched verify forward failed; failing its %d rows", len(plan))
+            log.exception("the iteration's forward failed; failing its %d rows", len(plan))
             error = _as_api_error(exc)
             for row, run in zip(plan.rows, runs):
                 run.task.sink(Failed(error))
@@ -494,11 +564,95 @@ class Scheduler:
                 slot.cache, slot.tokens, slot.run = None, [], None
             self._ragged = RaggedBatch(self.lm.model)
             return
+        now = time.perf_counter()
+        finished = []
+        for row, chunk in chunks.items():  # the prompts' progress; a finished one samples below
+            run, slot = self.slots[row].run, self.slots[row]
+            run.n_past += len(chunk)
+            slot.tokens.extend(chunk)
+            run.progress()
+            if not run.prefilling and run.limit() <= 0:
+                run.t_prefill_end = run.t_last = now
+                run.stop_type, run.done = "limit", True
+        live = [k for k, j in enumerate(sampling) if not runs[j].done]  # a prompt may have ended at its limit
+        if live:
+            picked = mx.concatenate([logits[sampling[k]] for k in live], axis=0)
+            masks = {i: allowed[k] for i, k in enumerate(live) if k in allowed}
+            finished += self._sample_rows([plan.rows[sampling[k]] for k in live], [runs[sampling[k]] for k in live],
+                                          picked, masks)
+        accepted_total = 0
+        verifying = [j for j, row in enumerate(plan.rows) if row in preps]
+        if verifying:
+            accepted_total, done = self._decide_rows(plan, [plan.rows[j] for j in verifying],
+                                                     [runs[j] for j in verifying], preps,
+                                                     [logits[j] for j in verifying])
+            finished += done
+        finished += [row for row, run in zip(plan.rows, runs) if run.done and row not in finished]
+        for row in chunks:
+            run = self.slots[row].run
+            if run is not None and not run.done and not run.prefilling and run.wants_spec:
+                try:
+                    self._start_speculating(self.slots[row])
+                except Exception as exc:
+                    log.exception("could not start speculating in slot %d", row)
+                    self._fail(self.slots[row], exc)
+        self.last_step = {"rows": len(plan), "tokens": plan.n_tokens, "width": plan.width,
+                          "draft_accepted": accepted_total}
+        if decoding:
+            self.metrics.record_decode(len(decoding))
+        if self.speculation is not None:  # a server that never speculates shows upstream's metrics only
+            self.metrics.record_step(len(plan), plan.n_tokens, accepted_total)
+        for row in finished:
+            self._release(self.slots[row], send=not self.slots[row].run.task_failed)
+
+    def _start_speculating(self, slot: Slot) -> None:
+        """A row whose prompt was prefilled in the ragged batch starts its speculative session; one
+        whose drafter cannot share the forward leaves the batch for its own verify rounds."""
+        run = slot.run
+        run.spec = self.speculation.start(run.opts, run.prompt + run.generated, run.seed, None, grammar=run.grammar)
+        if not run.spec.batchable:
+            slot.cache = self._ragged.remove([slot.id])[slot.id]
+
+    def _sample_rows(self, rows: list[int], runs: list[SlotRun], logits: mx.array,
+                     allowed: dict[int, mx.array]) -> list[int]:
+        """Each row's next token from its row of ``logits`` (``[len(rows), V]``) with its own chain
+        (``allowed``: the grammar masks by row index); returns the rows that finished."""
+        now = time.perf_counter()
+        finished, pending = [], {}
+        for j, (row, run) in enumerate(zip(rows, runs)):
+            try:
+                if run.fault == "sample":
+                    inject_fault("sample")
+                pending[j] = run.pending_sample(logits[j], allowed.get(j))
+            except Exception as exc:
+                log.exception("sampling failed in slot %d", row)
+                run.fail(_as_api_error(exc))
+        # every row's draw in one pass and one readback, each row's token the one it gets alone
+        drawn = [j for j, p in pending.items() if p.draw is not None]
+        tokens = dict(zip(drawn, select_draws([pending[j].draw for j in drawn])))
+        for j, (row, run) in enumerate(zip(rows, runs)):
+            if j in pending:
+                try:
+                    token = tokens[j] if j in tokens else [pending[j].forced]
+                    if isinstance(token, Exception):
+                        raise token
+                    run.accept(run.sampled(pending[j], token[0]), now)
+                except Exception as exc:
+                    log.exception("sampling failed in slot %d", row)
+                    run.fail(_as_api_error(exc))
+            if run.done:
+                finished.append(row)
+        return finished
+
+    def _decide_rows(self, plan: StepPlan, rows: list[int], runs: list[SlotRun], preps: dict,
+                     logits: list[mx.array]) -> tuple[int, list[int]]:
+        """Each speculating row's rule over its own rows of the forward (``logits[j]``: ``[len(block), V]``),
+        the row's rejected tail dropped from its cache; returns the drafts accepted and the rows that finished."""
         accepted_total = 0
         finished = []
         # every row's decision in one pass and one readback, each the one its round alone makes
         rounds = []
-        for j, (row, run) in enumerate(zip(plan.rows, runs)):
+        for j, (row, run) in enumerate(zip(rows, runs)):
             try:
                 rounds.append((run.spec, run.spec.decide_row(preps[row], logits[j], run.round_chain(),
                                                              run.prompt + run.generated),
@@ -506,25 +660,23 @@ class Scheduler:
             except Exception as exc:
                 rounds.append(exc)
         results = iter(decide_together([r for r in rounds if not isinstance(r, Exception)]))
-        for j, (row, run) in enumerate(zip(plan.rows, runs)):
+        for j, (row, run) in enumerate(zip(rows, runs)):
             try:
                 result = rounds[j] if isinstance(rounds[j], Exception) else next(results)
                 if isinstance(result, Exception):
                     raise result
+                # set before the round's tokens stream out: a client that has them may ask /slots at once
+                run.last_step = {"rows": len(plan), "tokens": plan.n_tokens, "drafted": result.proposed,
+                                 "accepted": result.accepted}
                 accepted = self._emit(run, result)
                 accepted_total += accepted
-                run.last_step = {"rows": len(plan), "tokens": plan.n_tokens, "drafted": result.proposed,
-                                 "accepted": accepted}
+                run.last_step["accepted"] = accepted
             except Exception as exc:
                 log.exception("verify round failed in slot %d", row)
                 run.fail(_as_api_error(exc))
             if run.done:
                 finished.append(row)
-        self.last_step = {"rows": len(plan), "tokens": plan.n_tokens, "width": plan.width,
-                          "draft_accepted": accepted_total}
-        self.metrics.record_step(len(plan), plan.n_tokens, accepted_total)
-        for row in finished:
-            self._release(self.slots[row], send=not self.slots[row].run.task_failed)
+        return accepted_total, finished
 
     def _shift(self, slot: Slot) -> None:
         """--context-shift for a row whose context is full: drop tokens as upstream chooses them
@@ -548,7 +700,7 @@ class Scheduler:
             for start in range(0, len(body), self.n_ubatch):
                 forward_chunk(self.lm.model, body[start:start + self.n_ubatch], cache)
             slot.cache, slot.tokens = None, []
-            self._batch.add(slot.id, cache)
+            self._join_plain(slot.id, cache)
         except Exception as exc:
             log.exception("context shift failed in slot %d", slot.id)
             self._fail(slot, exc)
@@ -581,31 +733,7 @@ class Scheduler:
             self._batch = DecodeBatch(self.lm.model)
             return
         self.metrics.record_decode(len(rows))
-        now = time.perf_counter()
-        finished, pending = [], {}
-        for j, (row, run) in enumerate(zip(rows, runs)):
-            try:
-                if run.fault == "sample":
-                    inject_fault("sample")
-                pending[j] = run.pending_sample(logits[j], allowed.get(j))
-            except Exception as exc:
-                log.exception("sampling failed in slot %d", row)
-                run.fail(_as_api_error(exc))
-        # every row's draw in one pass and one readback, each row's token the one it gets alone
-        drawn = [j for j, p in pending.items() if p.draw is not None]
-        tokens = dict(zip(drawn, select_draws([pending[j].draw for j in drawn])))
-        for j, (row, run) in enumerate(zip(rows, runs)):
-            if j in pending:
-                try:
-                    token = tokens[j] if j in tokens else [pending[j].forced]
-                    if isinstance(token, Exception):
-                        raise token
-                    run.accept(run.sampled(pending[j], token[0]), now)
-                except Exception as exc:
-                    log.exception("sampling failed in slot %d", row)
-                    run.fail(_as_api_error(exc))
-            if run.done:
-                finished.append(row)
+        finished = self._sample_rows(rows, runs, logits, allowed)
         for row in finished:
             self._release(self.slots[row], send=not self.slots[row].run.task_failed)
 

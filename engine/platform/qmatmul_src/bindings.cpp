@@ -78,6 +78,9 @@ NB_MODULE(_qmatmul, m) {
   m.def("rms_norm", &mlxcel_q::rms_norm, "x"_a, "weight"_a, "eps"_a);
   m.def("rope", &mlxcel_q::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a, "offset"_a);
   m.def("attention", &mlxcel_q::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a);
+  m.def("ragged_attention", &mlxcel_q::ragged_attention, "q"_a, "k"_a, "v"_a, "rows"_a, "positions"_a, "scale"_a);
+  m.def("rope_positions", &mlxcel_q::rope_positions, "x"_a, "positions"_a, "dims"_a, "traditional"_a, "base"_a,
+        "scale"_a);
   m.def("packed_nbytes", [](int type, int group, int n, int k) {
     return mlxcel_q::packed_bytes(mlxcel_q::layout_of(type, group), n, k);
   });

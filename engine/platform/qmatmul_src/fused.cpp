@@ -213,6 +213,113 @@ class AttentionP : public mx::UnaryPrimitive {
 };
 
 
+// Rows of different lengths, queries flat (fused.h). The per-query loop is AttentionP's, line for line.
+class RaggedAttentionP : public mx::UnaryPrimitive {
+ public:
+  RaggedAttentionP(mx::Stream s, float scale) : mx::UnaryPrimitive(s), scale_(scale) {}
+  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& a : in) enc.set_input_array(a);
+    enc.set_output_array(out);
+    const auto& q = in[0];
+    const auto& k = in[1];
+    auto qs3 = q.strides();
+    enc.dispatch([qp = q.data<float>(), qs0 = qs3[0], qs1 = qs3[1], qs2 = qs3[2], kv = view4(k), vv = view4(in[2]),
+                  rows = in[3].data<int32_t>(), pos = in[4].data<int32_t>(), op = out.data<float>(), N = q.shape(0),
+                  Hq = q.shape(1), D = q.shape(2), B = k.shape(0), Hk = k.shape(1), S = k.shape(2),
+                  scale = scale_]() {
+      std::vector<float> qs(D), sc(S), acc(D);
+      const int group = Hq / Hk;
+      for (int i = 0; i < N; ++i) {
+        // the caller checks rows and positions; here they are only kept inside the arrays
+        const int b = std::min(std::max(rows[i], 0), B - 1);
+        const int n = std::min(std::max(pos[i] + 1, 1), S);
+        for (int h = 0; h < Hq; ++h) {
+          const float* qr = qp + i * qs0 + h * qs1;
+          for (int j = 0; j < D; ++j) qs[j] = qr[j * qs2] * scale;
+          float mx_ = -INFINITY;
+          for (int j = 0; j < n; ++j) {
+            sc[j] = dot(qs.data(), kv.row(b, h / group, j), D);
+            mx_ = std::max(mx_, sc[j]);
+          }
+          exp_shifted(sc.data(), n, mx_);
+          float sum = 0.f;
+          for (int j = 0; j < n; ++j) sum += sc[j];
+          std::fill(acc.begin(), acc.end(), 0.f);
+          for (int j = 0; j < n; ++j) axpy(acc.data(), vv.row(b, h / group, j), sc[j], D);
+          float* o = op + (size_t(i) * Hq + h) * D;
+          const float inv = 1.f / sum;
+          for (int j = 0; j < D; ++j) o[j] = acc[j] * inv;
+        }
+      }
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }
+  const char* name() const override { return "MlxcelRaggedAttention"; }
+  bool is_equivalent(const mx::Primitive& o) const override {
+    return scale_ == static_cast<const RaggedAttentionP&>(o).scale_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
+
+ private:
+  float scale_;
+};
+
+// x[n, h, d], token i at positions[i]; the per-token arithmetic is RopeP's.
+class RopePositionsP : public mx::UnaryPrimitive {
+ public:
+  RopePositionsP(mx::Stream s, int dims, bool trad, float base, float scale)
+      : mx::UnaryPrimitive(s), dims_(dims), trad_(trad), base_(base), scale_(scale) {}
+  void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
+    const auto& x = in[0];
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(x);
+    enc.set_input_array(in[1]);
+    enc.set_output_array(out);
+    auto st = x.strides();
+    enc.dispatch([xp = x.data<float>(), s0 = st[0], s1 = st[1], s2 = st[2], pos = in[1].data<int32_t>(),
+                  op = out.data<float>(), N = x.shape(0), H = x.shape(1), D = x.shape(2), dims = dims_, trad = trad_,
+                  base = base_, scale = scale_]() {
+      const int half = dims / 2;
+      std::vector<float> cs(size_t(half) * 2);
+      for (int n = 0; n < N; ++n) {
+        for (int i = 0; i < half; ++i) {
+          float inv = std::pow(base, -float(2 * i) / float(dims));
+          float theta = float(pos[n]) * scale * inv;
+          cs[size_t(i) * 2] = std::cos(theta);
+          cs[size_t(i) * 2 + 1] = std::sin(theta);
+        }
+        for (int h = 0; h < H; ++h) {
+          const float* xr = xp + n * s0 + h * s1;
+          float* o = op + (size_t(n) * H + h) * D;
+          for (int i = 0; i < half; ++i) {
+            int i1 = trad ? 2 * i : i, i2 = trad ? 2 * i + 1 : i + half;
+            float x1 = xr[i1 * s2], x2 = xr[i2 * s2];
+            o[i1] = x1 * cs[2 * i] - x2 * cs[2 * i + 1];
+            o[i2] = x1 * cs[2 * i + 1] + x2 * cs[2 * i];
+          }
+          for (int i = dims; i < D; ++i) o[i] = xr[i * s2];
+        }
+      }
+    });
+  }
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }
+  const char* name() const override { return "MlxcelRopePositions"; }
+  bool is_equivalent(const mx::Primitive& o) const override {
+    const auto& r = static_cast<const RopePositionsP&>(o);
+    return dims_ == r.dims_ && trad_ == r.trad_ && base_ == r.base_ && scale_ == r.scale_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
+
+ private:
+  int dims_;
+  bool trad_;
+  float base_, scale_;
+};
+
+
 // silu(g) * x with the exp above.
 MLXCEL_CLONES void silu_times(const float* g, const float* x, float* o, size_t n) {
   for (size_t i = 0; i < n; ++i) o[i] = (g[i] * (1.0f / (1.0f + exp_poly(-g[i])))) * x[i];
@@ -281,6 +388,28 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   auto out = mx::array(q.shape(), mx::float32, std::make_shared<AttentionP>(cpu(), scale, causal),
                        {f32(q), f32(k), f32(v)});
   return q.dtype() == mx::float32 ? out : mx::astype(out, q.dtype(), cpu());
+}
+
+mx::array ragged_attention(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& rows,
+                           const mx::array& positions, float scale) {
+  if (q.ndim() != 3 || k.ndim() != 4 || v.ndim() != 4 || k.shape() != v.shape() || q.shape(2) != k.shape(3) ||
+      q.shape(1) % k.shape(1) || rows.ndim() != 1 || positions.ndim() != 1 || rows.shape(0) != q.shape(0) ||
+      positions.shape(0) != q.shape(0))
+    throw std::invalid_argument("ragged_attention: q [n, hq, d], k/v [b, hkv, s, d], rows/positions [n]");
+  auto i32 = [](const mx::array& a) { return mx::contiguous(mx::astype(a, mx::int32, cpu()), false, cpu()); };
+  auto out = mx::array(q.shape(), mx::float32, std::make_shared<RaggedAttentionP>(cpu(), scale),
+                       {f32(q), f32(k), f32(v), i32(rows), i32(positions)});
+  return q.dtype() == mx::float32 ? out : mx::astype(out, q.dtype(), cpu());
+}
+
+mx::array rope_positions(const mx::array& x, const mx::array& positions, int dims, bool traditional, float base,
+                         float scale) {
+  if (x.ndim() != 3 || dims > x.shape(2) || dims % 2 || positions.ndim() != 1 || positions.shape(0) != x.shape(0))
+    throw std::invalid_argument("rope_positions: x must be [n, h, d], positions [n]");
+  auto pos = mx::contiguous(mx::astype(positions, mx::int32, cpu()), false, cpu());
+  auto out = mx::array(x.shape(), mx::float32,
+                       std::make_shared<RopePositionsP>(cpu(), dims, traditional, base, scale), {f32(x), pos});
+  return x.dtype() == mx::float32 ? out : mx::astype(out, x.dtype(), cpu());
 }
 
 }  // namespace mlxcel_q

@@ -22,5 +22,16 @@ mx::array rope(const mx::array& x, int dims, bool traditional, float base, float
 // softmax(q k^T * scale [+ causal mask aligned to the last query]) v; q[b, hq, l, d],
 // k/v[b, hkv, s, d] (any strides), hq a multiple of hkv. Output [b, hq, l, d] float32.
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale, bool causal);
+// Attention for rows of different lengths with the queries laid out flat (no padding): query i,
+// q[i, hq, d], belongs to row rows[i] at absolute position positions[i] and sees exactly keys
+// 0 .. positions[i] of that row of k/v[b, hkv, s, d] (any strides; the caller keeps rows < b, positions < s). Each
+// query is computed by `attention`'s per-query code, so its output is the same bits as there and
+// whatever the other queries, rows or key capacity. rows/positions int32 [n]. Output [n, hq, d] float32.
+mx::array ragged_attention(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& rows,
+                           const mx::array& positions, float scale);
+// x[n, h, d] with token i rotated at positions[i] (int32 [n]), with `rope`'s per-token code (same bits
+// as `rope` gives that token at that position). float32, contiguous output.
+mx::array rope_positions(const mx::array& x, const mx::array& positions, int dims, bool traditional, float base,
+                         float scale);
 
 }  // namespace mlxcel_q

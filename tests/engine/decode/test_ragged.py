@@ -10,9 +10,11 @@ import pytest
 import tiny_gguf
 from gguf import GGMLQuantizationType as Q
 
+from mlxcel.engine.decode.batch import forward_chunk
 from mlxcel.engine.decode.kv_cache import rewind
 from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan, joinable
 from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.platform.ragged_ops import runs_fused
 
 rng = random.Random(0)
 CONTEXTS = [[rng.randrange(300) for _ in range(n)] for n in (5, 17, 9)]
@@ -89,3 +91,72 @@ def test_a_plan_must_name_every_row_in_order(q8):
         batch.forward(plan)
     with pytest.raises(ValueError):
         batch.rewind(0, 100)
+
+
+def test_the_fused_ragged_attention_is_what_the_packed_model_runs(q8, tiny_llama):
+    assert runs_fused(q8.model) and not runs_fused(tiny_llama.model)
+
+
+@pytest.mark.parametrize("beside", [True, False])
+def test_prompts_prefilled_as_rows_are_bitwise_the_single_sequence_prefill(q8, beside):
+    # a row joins empty, another with a reused 3-token prefix; both feed 16-token prompt chunks (beside
+    # a decoding row, or alone: forwards that want no logits at all) and ask for their last position's
+    # logits only: the logits and the caches are the bits of the single-sequence prefill (same chunks)
+    prompts = {"a": [rng.randrange(300) for _ in range(37)], "b": [rng.randrange(300) for _ in range(20)]}
+    reused = {"a": 0, "b": 3}
+    batch = RaggedBatch(q8.model)
+    batch.add("a", q8.make_cache())
+    batch.add("b", prefilled(q8, prompts["b"][:3]))
+    if beside:
+        batch.add("c", prefilled(q8, CONTEXTS[0]))
+    done, got = dict(reused), {}
+    while any(done[r] < len(p) for r, p in prompts.items()):
+        plan = StepPlan()
+        for row, prompt in prompts.items():
+            chunk = prompt[done[row]:done[row] + 16] or [7]  # a finished prompt decodes on
+            plan.add(row, chunk, batch.length(row), logits=1 if done[row] + len(chunk) >= len(prompt) else 0)
+        if beside:
+            plan.add("c", [5], batch.length("c"))
+        logits = batch.forward(plan)
+        mx.eval([x for x in logits if x is not None])
+        for row, out, chunk in zip(plan.rows, logits, plan.tokens):
+            if row in done and done[row] < len(prompts[row]):
+                done[row] += len(chunk)
+                assert (out is None) == (done[row] < len(prompts[row]))
+                if out is not None:
+                    assert out.shape[0] == 1
+                    got[row] = out[0]
+    for row, prompt in prompts.items():
+        cache = prefilled(q8, prompt[:reused[row]]) if reused[row] else q8.make_cache()
+        for at in range(reused[row], len(prompt), 16):
+            want = forward_chunk(q8.model, prompt[at:at + 16], cache)
+        assert mx.array_equal(want, got[row]).item(), row
+        n = len(prompt)
+        out = batch.remove([row])[row]
+        assert out[0].offset >= n
+        for mine, ref in zip(out, cache):
+            assert mx.array_equal(mine.keys[..., :n, :], ref.keys[..., :n, :]).item(), row
+            assert mx.array_equal(mine.values[..., :n, :], ref.values[..., :n, :]).item(), row
+
+
+def test_rows_leave_and_join_in_freed_places_without_touching_the_others(q8):
+    batch = RaggedBatch(q8.model, places=2)
+    for i in (0, 1):
+        batch.add(i, prefilled(q8, CONTEXTS[i]))
+    step(batch, [[3, 4], [5]])
+    out = batch.remove([0])[0]  # its place is free; row 2 takes it, row 3 needs a new one
+    batch.add(2, prefilled(q8, CONTEXTS[2]))
+    batch.add(3, out)
+    assert sorted(batch.cache[0].places) == [0, 1, 2]
+    together, _ = step(batch, [[6], [7, 8], [9, 1, 2]])
+    # each row alone, through the same forwards: the same bits
+    for row, context, history in ((1, CONTEXTS[1], [[5], [6]]), (2, CONTEXTS[2], [[7, 8]]),
+                                  (3, CONTEXTS[0], [[3, 4], [9, 1, 2]])):
+        alone = RaggedBatch(q8.model)
+        alone.add(row, prefilled(q8, context))
+        for block in history:
+            got, _ = step(alone, [block])
+        assert mx.array_equal(got[0], together[batch.rows.index(row)]).item(), row
+    mine = batch.remove([3])[3]
+    assert all(mx.array_equal(a.keys[..., :a.offset, :], b.keys[..., :a.offset, :]).item()
+               for a, b in zip(out, mine))

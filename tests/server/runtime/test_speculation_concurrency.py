@@ -123,3 +123,48 @@ def test_a_disconnect_mid_round_leaves_no_slot_busy_and_no_cache_corrupt(servers
     assert got["timings"]["cache_n"] > 0
     assert got["tokens"] == post_ok(fresh, "/completion", {**follow, "id_slot": 1, "cache_prompt": False})["tokens"]
     assert not any(slot["is_processing"] for slot in httpx.get(s.url + "/slots").json())
+
+
+def test_prompts_plain_rows_and_verify_blocks_share_one_forward_per_iteration(servers):
+    # on a speculative server every row of this packed model joins the iteration's ragged forward:
+    # no forward of the plain batch cache (each would count a decode call and no shared step), and
+    # the prompts' tokens go through the shared forwards (prefilled together, chunk by chunk)
+    s = servers["lookup"]
+    bodies = [body(i, p) for i, p in enumerate(PROMPTS)]
+    names = ("llamacpp:n_decode_total", "mlxcel:verify_steps_total", "mlxcel:verify_tokens_total")
+    before = [metric(s.url, n) for n in names]
+    together = concurrently(s.url, bodies)
+    decodes, steps, tokens = (metric(s.url, n) - b for n, b in zip(names, before))
+    assert 0 < decodes <= steps, (decodes, steps)
+    assert tokens >= sum(r["timings"]["prompt_n"] + len(r["tokens"]) - 1 for r in together), tokens
+
+
+def test_a_disconnect_mid_prompt_frees_the_slot_and_leaves_its_cache_exact(servers):
+    s, fresh = servers["lookup"], servers["plain"]
+    prompt = " ".join(f"w{i % 37}" for i in range(64))  # ~170 tokens: ten 16-token chunks (-ub 16)
+    neighbour: list[dict] = []
+    thread = threading.Thread(target=lambda: neighbour.append(post_ok(s, "/completion", {
+        **body(1, PROMPTS[1]), "n_predict": 64})))
+    thread.start()
+    long = {"prompt": prompt, "n_predict": 8, "stream": True, "return_progress": True, "id_slot": 6,
+            "temperature": 0, "cache_prompt": True}
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", s.url + "/completion", json=long) as r:
+            progress = 0
+            for line in r.iter_lines():
+                progress += "prompt_progress" in line
+                if progress >= 3:  # a few chunks in: the client goes away mid-prompt
+                    break
+    deadline = time.monotonic() + 15
+    while httpx.get(s.url + "/slots").json()[6]["is_processing"]:
+        assert time.monotonic() < deadline, "the slot stayed busy after the client disconnected"
+        time.sleep(0.02)
+    thread.join(timeout=120)
+    assert neighbour and neighbour[0]["tokens"] == post_ok(s, "/completion", {**body(1, PROMPTS[1]),
+                                                                               "n_predict": 64})["tokens"]
+    # the slot kept the chunks it had prefilled; the same prompt again reuses them and gets a fresh server's tokens
+    again = {"prompt": prompt, "n_predict": N, "ignore_eos": True, "return_tokens": True, "temperature": 0,
+             "id_slot": 6, "cache_prompt": True}
+    got = post_ok(s, "/completion", again)
+    assert got["timings"]["cache_n"] > 0
+    assert got["tokens"] == post_ok(fresh, "/completion", {**again, "id_slot": 2, "cache_prompt": False})["tokens"]
