@@ -7,7 +7,11 @@ streams one /v1/chat/completions request (greedy, ``--max-tokens`` tokens) with 
 aggregate generated tokens/s over the wall time of the round and the mean time to first token.
 The ratio column is mlxcel / mlx_lm at the same concurrency.
 
-    ./scripts/with-blas .venv/bin/python scripts/bench_server.py [--max-tokens 64] [--clients 1,4,8]
+    ./scripts/with-blas .venv/bin/python scripts/bench_server.py [--max-tokens 64] [--clients 1,4,8] [--bits 4]
+
+``--bits 4`` (or 8): both servers load that export affine-quantized by mlx-lm's own ``quantize_model``
+(group 64), the weights a user of mlx_lm.server would run; mlxcel runs them on its packed CPU
+kernels, mlx_lm on MLX's quantized matmul.
 
 ``--unified-ab``: instead, two mlxcel servers on the same model (``-m``, default the built-in
 SmolLM2 GGUF, packed CPU kernels), one with the iteration's single ragged forward (prompt chunks,
@@ -76,6 +80,26 @@ def export_default_model(out: Path) -> Path:
     return out
 
 
+def quantized_copy(src: Path, bits: int) -> Path:
+    """``src`` (an MLX directory) affine-quantized to ``bits`` by mlx-lm, next to it; made once."""
+    out = src.with_name(f"{src.name}-q{bits}")
+    if (out / "config.json").exists():
+        return out
+    import shutil
+
+    from mlx_lm.utils import load, quantize_model, save_config, save_model
+
+    model, _ = load(str(src))
+    config = json.loads((src / "config.json").read_text())
+    model, config = quantize_model(model, config, group_size=64, bits=bits)
+    save_model(out, model)
+    save_config(config, out / "config.json")
+    for f in src.iterdir():
+        if f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
+            shutil.copy(f, out / f.name)
+    return out
+
+
 def start(cmd: list[str], url: str, log: Path) -> subprocess.Popen:
     proc = subprocess.Popen(cmd, cwd=REPO, env=env_with_fast_blas(), stdout=open(log, "wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
@@ -132,11 +156,14 @@ def main() -> int:
     ap.add_argument("--unified-ab", action="store_true", help="one ragged forward per iteration vs not (docstring)")
     ap.add_argument("-m", "--model", default=None, help="--unified-ab: the model (default the built-in SmolLM2)")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--bits", type=int, default=0, choices=(0, 4, 8), help="affine-quantize the export (docstring)")
     args = ap.parse_args()
     levels = [int(x) for x in args.clients.split(",")]
     if args.unified_ab:
         return unified_ab(args, max(levels))
     model_dir = export_default_model(Path(args.model_dir))
+    if args.bits:
+        model_dir = quantized_copy(model_dir, args.bits)
     logs = Path(tempfile.mkdtemp(prefix="bench-server-"))
     servers = {
         "mlxcel": lambda port: [sys.executable, "-m", "mlxcel.server.cli", "-m", str(model_dir),

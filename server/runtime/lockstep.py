@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from mlxcel.engine.decode.batch import DecodeBatch
+from mlxcel.engine.decode.ragged import RaggedBatch
 from mlxcel.engine.distributed.collectives import broadcast_bytes, sum_ints
 from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.server.runtime.errors import ApiError, not_supported
@@ -77,6 +78,7 @@ def plan_digest(sched: Scheduler) -> int:
             parts.append((slot.id, run.task.id, len(slot.tokens), run.n_past, len(run.generated),
                           run.generated[-1] if run.generated else -1))
     parts.append(tuple(sched._batch.rows))
+    parts.append(tuple(sched._ragged.rows))
     parts.append(tuple(task.id for task in sched._pending))
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
@@ -177,6 +179,7 @@ class Leader:
                 slot.run.task.sink(Failed(error))
             slot.cache, slot.tokens, slot.run = None, [], None
         sched._batch = DecodeBatch(sched.lm.model)
+        sched._ragged = RaggedBatch(sched.lm.model)
         if self.on_lost is not None:
             self.on_lost()
 
@@ -231,6 +234,7 @@ class Follower:
         for slot in sched.slots:
             slot.cache, slot.tokens, slot.run = None, [], None
         sched._batch = DecodeBatch(sched.lm.model)
+        sched._ragged = RaggedBatch(sched.lm.model)
 
 
 def _discard(event) -> None:
