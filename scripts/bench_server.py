@@ -67,7 +67,11 @@ def export_default_model(out: Path) -> Path:
 
     from mlxcel.engine.model.loading import load_model
 
-    loaded = load_model(None)
+    os.environ["MLXCEL_WEIGHTS"] = "float32"  # float weights to export, not the CPU kernels' packed blocks
+    try:
+        loaded = load_model(None)
+    finally:
+        del os.environ["MLXCEL_WEIGHTS"]
     save_model(out, loaded.model)
     config = dict(loaded.config)
     config.pop("quantization", None)
