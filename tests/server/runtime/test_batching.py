@@ -57,6 +57,7 @@ def test_concurrent_streams_equal_alone(server):
         async with httpx.AsyncClient() as client:
             return await asyncio.gather(*(stream_completion(client, server.url, p, **fields) for p in PROMPTS))
 
+    before = decode_counts(server.url)  # the requests alone above decoded one row per step
     results = asyncio.run(run())
     for p, (content, final) in zip(PROMPTS, results):
         assert content == alone[p], p
@@ -65,10 +66,19 @@ def test_concurrent_streams_equal_alone(server):
     sampled = asyncio.run(run(temperature=1.0, seed=7, top_k=0, top_p=1.0, min_p=0.0))
     for p, (content, _) in zip(PROMPTS, sampled):
         assert content == sampled_alone[p], p
-    metrics = httpx.get(server.url + "/metrics").text
-    busy = float(next(line.split()[1] for line in metrics.splitlines()
-                      if line.startswith("llamacpp:n_busy_slots_per_decode")))
-    assert busy > 1.5, "decode steps were not batched"
+    decodes, rows = (b - a for a, b in zip(before, decode_counts(server.url)))
+    assert decodes > 0 and rows / decodes > 1.5, ("decode steps were not batched", decodes, rows)
+
+
+def decode_counts(url: str) -> tuple[float, float]:
+    """The server's decode calls so far and the busy slots summed over them (from /metrics' mean)."""
+    values = {}
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith(("llamacpp:n_decode_total", "llamacpp:n_busy_slots_per_decode")):
+            name, value = line.split()[:2]
+            values[name] = float(value)
+    decodes = values["llamacpp:n_decode_total"]
+    return decodes, decodes * values["llamacpp:n_busy_slots_per_decode"]
 
 
 def decode_rounds(url: str) -> int:
