@@ -162,6 +162,25 @@ class RopeP : public mx::UnaryPrimitive {
   int offset_;
 };
 
+// One query's attention over keys 0 .. n-1 of one key/value head, into o[D]: the scaled query qs
+// (already multiplied by the scale), scores and the weighted sum in the caller's scratch sc[n] and
+// acc[D]. Both attention primitives call this, so a query's bits are the same in either.
+static void attend(const float* qs, const View4& kv, const View4& vv, int b, int hk, int n, int D, float* sc,
+                   float* acc, float* o) {
+  float mx_ = -INFINITY;
+  for (int j = 0; j < n; ++j) {
+    sc[j] = dot(qs, kv.row(b, hk, j), D);
+    mx_ = std::max(mx_, sc[j]);
+  }
+  exp_shifted(sc, n, mx_);
+  float sum = 0.f;
+  for (int j = 0; j < n; ++j) sum += sc[j];
+  std::fill(acc, acc + D, 0.f);
+  for (int j = 0; j < n; ++j) axpy(acc, vv.row(b, hk, j), sc[j], D);
+  const float inv = 1.f / sum;
+  for (int i = 0; i < D; ++i) o[i] = acc[i] * inv;
+}
+
 class AttentionP : public mx::UnaryPrimitive {
  public:
   AttentionP(mx::Stream s, float scale, bool causal) : mx::UnaryPrimitive(s), scale_(scale), causal_(causal) {}
@@ -183,19 +202,8 @@ class AttentionP : public mx::UnaryPrimitive {
             const float* qr = qv.row(b, h, l);
             for (int i = 0; i < D; ++i) qs[i] = qr[i * qv.s3] * scale;
             const int n = causal ? std::min(S, S - L + l + 1) : S;
-            float mx_ = -INFINITY;
-            for (int j = 0; j < n; ++j) {
-              sc[j] = dot(qs.data(), kv.row(b, h / group, j), D);
-              mx_ = std::max(mx_, sc[j]);
-            }
-            exp_shifted(sc.data(), n, mx_);
-            float sum = 0.f;
-            for (int j = 0; j < n; ++j) sum += sc[j];
-            std::fill(acc.begin(), acc.end(), 0.f);
-            for (int j = 0; j < n; ++j) axpy(acc.data(), vv.row(b, h / group, j), sc[j], D);
-            float* o = op + ((size_t(b) * Hq + h) * L + l) * D;
-            const float inv = 1.f / sum;
-            for (int i = 0; i < D; ++i) o[i] = acc[i] * inv;
+            attend(qs.data(), kv, vv, b, h / group, n, D, sc.data(), acc.data(),
+                   op + ((size_t(b) * Hq + h) * L + l) * D);
           }
     });
   }
@@ -213,7 +221,7 @@ class AttentionP : public mx::UnaryPrimitive {
 };
 
 
-// Rows of different lengths, queries flat (fused.h). The per-query loop is AttentionP's, line for line.
+// Rows of different lengths, queries flat (fused.h). Each query is computed by AttentionP's `attend`.
 class RaggedAttentionP : public mx::UnaryPrimitive {
  public:
   RaggedAttentionP(mx::Stream s, float scale) : mx::UnaryPrimitive(s), scale_(scale) {}
@@ -238,19 +246,7 @@ class RaggedAttentionP : public mx::UnaryPrimitive {
         for (int h = 0; h < Hq; ++h) {
           const float* qr = qp + i * qs0 + h * qs1;
           for (int j = 0; j < D; ++j) qs[j] = qr[j * qs2] * scale;
-          float mx_ = -INFINITY;
-          for (int j = 0; j < n; ++j) {
-            sc[j] = dot(qs.data(), kv.row(b, h / group, j), D);
-            mx_ = std::max(mx_, sc[j]);
-          }
-          exp_shifted(sc.data(), n, mx_);
-          float sum = 0.f;
-          for (int j = 0; j < n; ++j) sum += sc[j];
-          std::fill(acc.begin(), acc.end(), 0.f);
-          for (int j = 0; j < n; ++j) axpy(acc.data(), vv.row(b, h / group, j), sc[j], D);
-          float* o = op + (size_t(i) * Hq + h) * D;
-          const float inv = 1.f / sum;
-          for (int j = 0; j < D; ++j) o[j] = acc[j] * inv;
+          attend(qs.data(), kv, vv, b, h / group, n, D, sc.data(), acc.data(), op + (size_t(i) * Hq + h) * D);
         }
       }
     });
