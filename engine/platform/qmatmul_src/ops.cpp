@@ -264,6 +264,21 @@ void gather_rows(const float* xp, const mx::Shape& shape, const mx::Strides& str
   for (size_t i = 0; i < count; ++i) out[i] = xp[mx::elem_to_loc(int64_t(i), shape, strides)];
 }
 
+// The m rows of x (gathered first when strided) quantized into this thread's scratch, which the
+// returned view points into until the thread's next call: what both matmul primitives start with.
+static XQuant quantized_input(const float* xp, int m, int k, bool strided, const mx::Shape& shape,
+                              const mx::Strides& strides) {
+  static thread_local Scratch sc;
+  static thread_local std::vector<float> gathered;
+  const float* rows = xp;
+  if (strided) {
+    gather_rows(xp, shape, strides, size_t(m) * k, gathered);
+    rows = gathered.data();
+  }
+  quantize_rows(rows, m, k, sc);
+  return XQuant{sc.q.data(), sc.d.data(), sc.s.data(), sc.ds.data(), k};
+}
+
 void check_packed(const mx::array& packed, int type, int group, int n, int k) {
   Layout l = layout_of(type, group);
   if (k % l.group) throw std::invalid_argument("k is not a multiple of the packed type's block");
@@ -355,16 +370,8 @@ void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const bool strided = !x.flags().row_contiguous;
   enc.dispatch([xp = x.data<float>(), wp = w.data<uint8_t>(), op = out.data<float>(), m, type = type_,
                 group = group_, n = n_, k = k_, strided, shape = x.shape(), strides = x.strides()]() {
-    static thread_local Scratch sc;
-    static thread_local std::vector<float> gathered;
-    const float* rows = xp;
-    if (strided) {
-      gather_rows(xp, shape, strides, size_t(m) * k, gathered);
-      rows = gathered.data();
-    }
-    quantize_rows(rows, m, k, sc);
+    const XQuant xq = quantized_input(xp, m, k, strided, shape, strides);
     const Layout l = layout_of(type, group);
-    const XQuant xq{sc.q.data(), sc.d.data(), sc.s.data(), sc.ds.data(), k};
     const int tiles = n_tiles(n);
     Kernel kern = g_kernel;
     Pool& p = pool();
@@ -413,15 +420,7 @@ void QMatmulMulti::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
   const bool strided = !x.flags().row_contiguous;
   enc.dispatch([xp = x.data<float>(), wps = std::move(wps), ops = std::move(ops), m, types = types_,
                 groups = groups_, ns = ns_, k = k_, strided, shape = x.shape(), strides = x.strides()]() {
-    static thread_local Scratch sc;
-    static thread_local std::vector<float> gathered;
-    const float* rows = xp;
-    if (strided) {
-      gather_rows(xp, shape, strides, size_t(m) * k, gathered);
-      rows = gathered.data();
-    }
-    quantize_rows(rows, m, k, sc);
-    const XQuant xq{sc.q.data(), sc.d.data(), sc.s.data(), sc.ds.data(), k};
+    const XQuant xq = quantized_input(xp, m, k, strided, shape, strides);
     const size_t count = ns.size();
     // The matrices' tiles numbered one after another; each thread takes one contiguous range.
     std::vector<int> first(count + 1, 0);
