@@ -164,6 +164,22 @@ def residual_distribution(p_row: mx.array, q_row: mx.array) -> mx.array:
     return mx.where(total > 0, r / mx.maximum(total, 1e-30), p_row)
 
 
+def accept_tests(p: mx.array, q: mx.array, drafts: Sequence[int], *, seed: int, first_position: int) -> mx.array:
+    """Each draft's acceptance test, queued: ``u_i * q_i(d_i) <= p_i(d_i)`` (and ``p_i(d_i) > 0``) with
+    ``u_i`` from the row's accept stream at its absolute position; ``[K]`` bool."""
+    k = len(drafts)
+    if p.shape[0] != k + 1 or q.shape[0] != k:
+        raise ValueError(f"rejection_sample: p rows {p.shape[0]}, q rows {q.shape[0]}, drafts {k}")
+    if not k:
+        return mx.zeros((0,), dtype=mx.bool_)
+    idx = mx.array([int(d) for d in drafts])
+    rows = mx.arange(k)
+    p_d = p[rows, idx]
+    q_d = q[rows, idx]
+    u = mx.stack([mx.random.uniform(key=position_key(seed, first_position + i, ACCEPT_STREAM)) for i in range(k)])
+    return (u * q_d <= p_d) & (p_d > 0)
+
+
 def rejection_sample(
     p: mx.array,
     q: mx.array,
@@ -188,17 +204,7 @@ def rejection_sample(
     stream), and the outcome counts the cut draft as tested.
     """
     k = len(drafts)
-    if p.shape[0] != k + 1 or q.shape[0] != k:
-        raise ValueError(f"rejection_sample: p rows {p.shape[0]}, q rows {q.shape[0]}, drafts {k}")
-    if k:
-        idx = mx.array([int(d) for d in drafts])
-        rows = mx.arange(k)
-        p_d = p[rows, idx]
-        q_d = q[rows, idx]
-        u = mx.stack([mx.random.uniform(key=position_key(seed, first_position + i, ACCEPT_STREAM)) for i in range(k)])
-        accept = ((u * q_d <= p_d) & (p_d > 0)).tolist()
-    else:
-        accept = []
+    accept = accept_tests(p, q, drafts, seed=seed, first_position=first_position).tolist()
     for i, ok in enumerate(accept):
         if not ok:
             key = position_key(seed, first_position + i, RESIDUAL_STREAM)
@@ -221,17 +227,7 @@ def rejection_candidates(p: mx.array, q: mx.array, drafts: Sequence[int], *, see
     and keys ``rejection_sample`` uses for it; :func:`rejection_walk` picks the outcome. The price
     of one readback is ``K`` residual draws where a chain uses one."""
     k = len(drafts)
-    if p.shape[0] != k + 1 or q.shape[0] != k:
-        raise ValueError(f"rejection_sample: p rows {p.shape[0]}, q rows {q.shape[0]}, drafts {k}")
-    if k:
-        idx = mx.array([int(d) for d in drafts])
-        rows = mx.arange(k)
-        p_d = p[rows, idx]
-        q_d = q[rows, idx]
-        u = mx.stack([mx.random.uniform(key=position_key(seed, first_position + i, ACCEPT_STREAM)) for i in range(k)])
-        accept = (u * q_d <= p_d) & (p_d > 0)
-    else:
-        accept = mx.zeros((0,), dtype=mx.bool_)
+    accept = accept_tests(p, q, drafts, seed=seed, first_position=first_position)
     tokens = [draw_one(residual_distribution(p[i], q[i]), position_key(seed, first_position + i, RESIDUAL_STREAM))
               for i in range(k)]
     if forbidden_q is not None:
