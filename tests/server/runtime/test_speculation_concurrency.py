@@ -87,6 +87,13 @@ def test_eight_concurrent_requests_equal_each_alone(servers, kind):
         assert ("draft_rounds" in r["timings"]) == (i % 4 != 0 and r["timings"].get("draft_rounds", 0) > 0)
 
 
+def wait_until_idle(url: str, slot: int, seconds: float = 15) -> None:
+    deadline = time.monotonic() + seconds
+    while httpx.get(url + "/slots").json()[slot]["is_processing"]:
+        assert time.monotonic() < deadline, "the slot stayed busy after the client disconnected"
+        time.sleep(0.02)
+
+
 def test_a_disconnect_mid_round_leaves_no_slot_busy_and_no_cache_corrupt(servers):
     s, fresh = servers["lookup"], servers["plain"]
     prompt = PROMPTS[0]
@@ -108,10 +115,7 @@ def test_a_disconnect_mid_round_leaves_no_slot_busy_and_no_cache_corrupt(servers
                     assert 0 <= step["accepted"] <= step["drafted"]
                 if chunks >= 6:
                     break
-    deadline = time.monotonic() + 15
-    while httpx.get(s.url + "/slots").json()[5]["is_processing"]:
-        assert time.monotonic() < deadline, "the slot stayed busy after the client disconnected"
-        time.sleep(0.02)
+    wait_until_idle(s.url, 5)
     thread.join(timeout=120)
     assert neighbour and len(neighbour[0]["tokens"]) == 96
     alone = post_ok(fresh, "/completion", {**body(2, PROMPTS[2]), "n_predict": 96})["tokens"]
@@ -155,10 +159,7 @@ def test_a_disconnect_mid_prompt_frees_the_slot_and_leaves_its_cache_exact(serve
                 progress += "prompt_progress" in line
                 if progress >= 3:  # a few chunks in: the client goes away mid-prompt
                     break
-    deadline = time.monotonic() + 15
-    while httpx.get(s.url + "/slots").json()[6]["is_processing"]:
-        assert time.monotonic() < deadline, "the slot stayed busy after the client disconnected"
-        time.sleep(0.02)
+    wait_until_idle(s.url, 6)
     thread.join(timeout=120)
     assert neighbour and neighbour[0]["tokens"] == post_ok(s, "/completion", {**body(1, PROMPTS[1]),
                                                                                "n_predict": 64})["tokens"]
