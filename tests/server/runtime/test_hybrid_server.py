@@ -160,7 +160,9 @@ def test_prompt_ms_is_queue_wait_and_prefill_and_predicted_ms_runs_from_prefill_
     # arrived (b0 - a0) later, could not start its prefill before that
     waited_ms = ta["prompt_ms"] + ta["predicted_ms"] - (b0 - a0) * 1e3
     assert waited_ms > 100  # the overlap is real
-    assert tb["prompt_ms"] >= waited_ms - 50, (tb, waited_ms)
+    # (B's clock starts when the server has read its request, a little after b0: up to ~80 ms on a
+    # loaded machine, hence the relative slack; the wait itself is the bulk of B's prompt_ms)
+    assert tb["prompt_ms"] >= waited_ms - max(50, 0.1 * waited_ms), (tb, waited_ms)
     for t, start, end in ((ta, a0, a1), (tb, b0, b1)):
         # inside the request's wall time (up to a few ms: measured once 5 ms over on a loaded machine)
         assert 0 < t["predicted_ms"] and t["prompt_ms"] + t["predicted_ms"] <= (end - start) * 1e3 + 50
