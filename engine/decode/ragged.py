@@ -47,6 +47,7 @@ import mlx.core as mx
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
+from mlxcel.engine.platform import packed_modules
 from mlxcel.engine.platform.ragged_ops import ragged_attention, rope_positions, runs_fused
 
 _STEP = 256  # capacity grows in multiples of this many positions, as mlx-lm's KVCache does
@@ -242,6 +243,18 @@ class RaggedBatch:
         self.places = places
         self.rows: list[Hashable] = []
         self.cache: list[RaggedKVCache] | None = None
+        self._kind: tuple[bool, bool] | None = None  # (packable, runs_fused), read at the first forward
+
+    def _model_kind(self) -> tuple[bool, bool]:
+        if self._kind is None:
+            self._kind = (packable(self.model), runs_fused(self.model))
+        return self._kind
+
+    @property
+    def fused(self) -> bool:
+        """Whether the forward runs flat on the fused CPU ops (every row's bits independent of the
+        batch, one-row forwards included): what :meth:`step` needs."""
+        return all(self._model_kind())
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -304,9 +317,11 @@ class RaggedBatch:
             raise ValueError("the step plan must name every row of the batch, in order")
         counts = [len(t) for t in plan.tokens]
         # a row with nothing this iteration (a prompt past the chunk budget) feeds one padding token,
-        # written past its end and never counted; a lone token is fed twice (see above)
+        # written past its end and never counted; a lone token is fed twice (see above), except on the
+        # fused CPU ops, whose every op gives a row the same bits at any height, one row included
+        flat_packed, fused = self._model_kind()
         tokens = [list(t) if t else [0] for t in plan.tokens]
-        if sum(len(t) for t in tokens) == 1:
+        if sum(len(t) for t in tokens) == 1 and not fused:
             tokens[0] = tokens[0] + tokens[0]
         for layer in self.cache:
             layer.begin([len(t) for t in tokens])
@@ -314,7 +329,7 @@ class RaggedBatch:
         for t in tokens:
             starts.append(starts[-1] + len(t))
         wanted = [list(range(starts[i] + c - n, starts[i] + c)) for i, (c, n) in enumerate(zip(counts, plan.logits))]
-        if packable(self.model):
+        if flat_packed:
             picks = [j for w in wanted for j in w]
             flat = _packed_forward(self.model, tokens, self.cache, picks)  # the caches are written even with no head
             logits, at = [], 0
@@ -329,6 +344,26 @@ class RaggedBatch:
         for layer in self.cache:
             layer.advance(counts)
         mx.async_eval([x for x in logits if x is not None], [layer.state for layer in self.cache])
+        return logits
+
+    def step(self, ids: mx.array) -> mx.array:
+        """One decode step of every row (in ``self.rows`` order) over ``ids`` (int32 ``[len(rows)]``,
+        possibly lazy: the rows' picks from the previous step, not yet read back); the next-token
+        logits ``[len(rows), V]``, queued. Only where :attr:`fused`: there it is exactly
+        :meth:`forward` of a plan giving each row its one token and asking for its logits, built
+        before the tokens are known (what lets a caller queue step n + 1 before reading step n's
+        tokens, as ``decode.plain.generate_tokens`` does)."""
+        if not self.fused:
+            raise ValueError("a step over lazy tokens needs the fused CPU ops (RaggedBatch.fused)")
+        b = len(self.rows)
+        if ids.shape != (b,):
+            raise ValueError(f"ids of shape {ids.shape} for {b} rows")
+        for layer in self.cache:
+            layer.begin([1] * b)
+        logits = _packed_forward(self.model, [[0]] * b, self.cache, list(range(b)), ids=ids)
+        for layer in self.cache:
+            layer.advance([1] * b)
+        mx.async_eval(logits, [layer.state for layer in self.cache])
         return logits
 
 
@@ -352,7 +387,8 @@ def packable(model) -> bool:
         for layer in layers)
 
 
-def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], picks: list[int]) -> mx.array | None:
+def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], picks: list[int],
+                    ids: mx.array | None = None) -> mx.array | None:
     """The model's forward over the rows' tokens with no padding in the matmuls: the embedding,
     projections, MLPs, norms and head see the ``N`` real tokens as one flat sequence, and the head
     only the positions in ``picks`` (flat indices; a lone one is projected twice, see ``forward``).
@@ -364,7 +400,12 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
     MLX's masked attention on a padded ``[B, width]`` view gathered from the flat rows (exact only
     where its kernels round a row independently of the padded shape). Written here because mlx-lm's
     models take one rectangular batch only; the ops are the model's own, in its order. Returns the
-    logits ``[len(picks), V]`` (None without picks: the caches' writes are what the forward is for)."""
+    logits ``[len(picks), V]`` (None without picks: the caches' writes are what the forward is for).
+    ``ids``: the flat token ids as an array (lazy), instead of ``tokens``' values (only their counts read).
+
+    On the fused ops a block that ``platform.lean_blocks`` swapped runs from its plan (the same
+    primitives on the same inputs in the same order as its modules give, with ~1/3 of the Python),
+    and a lone logits row is projected alone (the fused ops' bits do not depend on the height)."""
     inner = model.model
     b = len(tokens)
     width = max(len(t) for t in tokens)
@@ -385,8 +426,13 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
         gather_idx = mx.array(gather, dtype=mx.int32)
         scatter_idx = mx.array(scatter, dtype=mx.int32)
         mask = cache[0].make_mask(width)
-    h = inner.embed_tokens(mx.array([flat_tokens], dtype=mx.int32))  # [1, N, H]
+    h = inner.embed_tokens(mx.array([flat_tokens], dtype=mx.int32) if ids is None
+                           else ids.astype(mx.int32).reshape(1, n))  # [1, N, H]
     for layer, c in zip(inner.layers, cache):
+        plan = getattr(layer, "_plan", None) if fused and not packed_modules.WIDE_ROWS else None
+        if plan is not None:
+            h = _lean_layer(plan, h, c, n, rows_idx, pos_idx)
+            continue
         attn = layer.self_attn
         x = layer.input_layernorm(h)
         q, k, v = attn.q_proj(x), attn.k_proj(x), attn.v_proj(x)
@@ -410,7 +456,7 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     if not picks:
         return None
-    lone = len(picks) == 1
+    lone = len(picks) == 1 and not fused
     h = mx.take(h[0], mx.array(picks + picks if lone else picks, dtype=mx.int32), axis=0)[None]
     h = inner.norm(h)
     if getattr(model.args, "tie_word_embeddings", False):
@@ -418,3 +464,27 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
     else:
         out = model.lm_head(h)[0]
     return out[:1] if lone else out
+
+
+def _lean_layer(plan: tuple, h: mx.array, c: RaggedKVCache, n: int, rows_idx: mx.array, pos_idx: mx.array) -> mx.array:
+    """One swapped block (``lean_blocks.LeanBlock._plan``) of :func:`_packed_forward` on the fused ops:
+    op for op what its modules run there (norm, the q/k/v product, per-token rope, the cache write,
+    the ragged attention, o, residual, norm, gate/up, SwiGLU, down, residual), without the module calls."""
+    (ext, norm1, eps1, qkv, qkv_bias, n_heads, n_kv_heads, rope, scale, o, o_bias,
+     norm2, eps2, gate_up, down, down_bias) = plan
+    q, k, v = ext.qmatmul_multi(ext.rms_norm(h, norm1, eps1), *qkv)
+    if qkv_bias is not None:
+        q, k, v = q + qkv_bias[0], k + qkv_bias[1], v + qkv_bias[2]
+    q = ext.rope_positions(q.reshape(n, n_heads, -1), pos_idx, *rope)
+    k = ext.rope_positions(k.reshape(n, n_kv_heads, -1), pos_idx, *rope)
+    c.write(rows_idx, pos_idx, k, v.reshape(n, n_kv_heads, -1))
+    keys, values = c.head_major()
+    r = ext.qmatmul(ext.ragged_attention(q, keys, values, rows_idx, pos_idx, scale).reshape(1, n, -1), *o)
+    if o_bias is not None:
+        r = r + o_bias
+    h = h + r
+    g, u = ext.qmatmul_multi(ext.rms_norm(h, norm2, eps2), *gate_up)
+    r = ext.qmatmul(ext.swiglu(g, u), *down)
+    if down_bias is not None:
+        r = r + down_bias
+    return h + r
