@@ -70,6 +70,8 @@ from mlxcel.server.runtime.faults import FaultPlan
 from mlxcel.server.runtime.faults import fail as inject_fault
 from mlxcel.server.runtime.kv_pool import KvPool, exceeded
 from mlxcel.server.runtime.metrics import Metrics
+from mlxcel.server.runtime.run_ahead import Ahead, eligible
+from mlxcel.server.runtime.run_ahead import enabled as run_ahead_enabled
 from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
 from mlxcel.server.runtime.speculation import DECLINED_CACHE, Speculation
 from mlxcel.server.runtime.task import Deferred, Failed, Final, GenerationOptions, Job, Task
@@ -118,6 +120,9 @@ class Scheduler:
         self._unified = (packable(loaded.model) and (speculation is not None or runs_fused(loaded.model))
                          and os.environ.get(UNIFIED_ENV, "1").lower() not in ("0", "false", "no", "off"))
         self.last_step: dict[str, int] = {}  # the last iteration's ragged forward (metrics, /slots)
+        # pipelined plain decode steps (runtime/run_ahead.py): the rows' next tokens picked, not yet read
+        self._ahead: Ahead | None = None
+        self._run_ahead = run_ahead_enabled()
         self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
         self.faults = FaultPlan.from_env()
         self.lockstep = None  # serving across ranks: runtime/lockstep.py's Leader or Follower
@@ -202,6 +207,7 @@ class Scheduler:
                 self._iteration()
             except Exception as exc:  # a bug must not kill the engine: fail what was running
                 log.exception("engine step failed")
+                self._ahead = None
                 for slot in self.slots:
                     if slot.busy:
                         self._fail(slot, exc)
@@ -212,6 +218,8 @@ class Scheduler:
     def _iteration(self) -> None:
         if self.lockstep is None or self.lockstep.leads:
             self._drain(block=not self._has_work())
+            if self._ahead is not None and not self._ahead_continues():
+                self._settle_ahead()
             self._drop_ended()
         if self.lockstep is not None:  # the iteration's inputs, from rank 0 to every rank (lockstep.py)
             self.lockstep.step(self)
@@ -443,6 +451,7 @@ class Scheduler:
             slot.run.task.sink(Failed(exceeded()))
         self._batch = DecodeBatch(self.lm.model)  # every row in it is gone
         self._ragged = RaggedBatch(self.lm.model)
+        self._ahead = None
         for slot in busy:
             slot.cache, slot.tokens, slot.run = None, [], None
         return False
@@ -486,7 +495,14 @@ class Scheduler:
         the decoding rows; a row past the budget waits), with logits only where a prompt ends. Then
         each speculating row's rule decides on its own rows and the row drops its own rejected tail
         (``_decide_rows``, the decisions a round alone makes), and the plain rows and the prompts just
-        finished sample their next token (``_sample_rows``)."""
+        finished sample their next token (``_sample_rows``). When every row is a plain decoding row
+        and nothing else waits, the rows' next tokens are picked but not read back: the next
+        iteration queues its forward over them first (``runtime/run_ahead.py``, ``_step_ahead``)."""
+        if self._ahead is not None:
+            if self._ahead_intact():
+                self._step_ahead()
+                return
+            self._settle_ahead()
         for row in list(self._ragged.rows):
             slot = self.slots[row]
             if slot.run is None:  # its request was ended elsewhere (lockstep): nothing left to forward
@@ -549,12 +565,16 @@ class Scheduler:
                 plan.add(row, [], self._ragged.length(row))  # a prompt waiting for the chunk budget
         runs = [self.slots[r].run for r in plan.rows]
         sampling = [j for j, row in enumerate(plan.rows) if plan.logits[j] and row not in preps]
+        ahead = not chunks and not preps and decoding == plan.rows and self._may_run_ahead(plan.rows, runs)
         try:
             if any(self.slots[r].run.fault == "forward" for r in decoding):
                 inject_fault("forward")
             logits = self._ragged.forward(plan)
-            allowed = self._masks([runs[j] for j in sampling], self.vocab_size)  # while the forward runs
-            mx.eval([x for x in logits if x is not None])
+            if ahead:  # the tokens are read back after the next step is queued (_step_ahead)
+                self._ahead = Ahead.pick(list(plan.rows), runs, [x[0] for x in logits])
+            else:
+                allowed = self._masks([runs[j] for j in sampling], self.vocab_size)  # while the forward runs
+                mx.eval([x for x in logits if x is not None])
         except Exception as exc:
             log.exception("the iteration's forward failed; failing its %d rows", len(plan))
             error = _as_api_error(exc)
@@ -563,6 +583,10 @@ class Scheduler:
                 slot = self.slots[row]
                 slot.cache, slot.tokens, slot.run = None, [], None
             self._ragged = RaggedBatch(self.lm.model)
+            self._ahead = None
+            return
+        if ahead:
+            self._count_plain_step(len(plan))
             return
         now = time.perf_counter()
         finished = []
@@ -604,6 +628,119 @@ class Scheduler:
             self.metrics.record_step(len(plan), plan.n_tokens, accepted_total)
         for row in finished:
             self._release(self.slots[row], send=not self.slots[row].run.task_failed)
+
+    # -- pipelined plain steps (runtime/run_ahead.py) ---------------------------------------------------
+
+    def _may_run_ahead(self, rows: list[int], runs: list[SlotRun]) -> bool:
+        """Whether this ragged step over plain decoding rows ``rows`` may leave its tokens unread
+        (the next step queued over them first): nothing but these rows is running or waiting."""
+        if not (self._run_ahead and self.lockstep is None and self._ragged.fused and not self._pending
+                and not self._jobs and not len(self._batch) and not self._draining and not self._stopping):
+            return False
+        if sum(1 for s in self.slots if s.busy) != len(rows):
+            return False
+        return all(eligible(run) for run in runs)
+
+    def _ahead_intact(self) -> bool:
+        """Whether the rows of ``_ahead`` are still exactly the ragged batch's, each with its run going on."""
+        ahead = self._ahead
+        return (self._ragged.rows == ahead.rows and all(self.slots[r].run is run and eligible(run)
+                                                         for r, run in zip(ahead.rows, ahead.runs))
+                and not any(isinstance(p, Exception) for p in ahead.picks))
+
+    def _ahead_continues(self) -> bool:
+        """Whether this iteration is another pipelined step of the same rows (checked after new tasks
+        are taken in): nothing else waits, no row ends for a reason outside its tokens, and every row
+        has room for its picked token and one more (the last one allowed is read back alone)."""
+        ahead = self._ahead
+        if not self._may_run_ahead(ahead.rows, ahead.runs) or not self._ahead_intact():
+            return False
+        now = time.perf_counter()
+        for run in ahead.runs:
+            if run.room() < 2 or run.task.deadline is not None and now > run.task.deadline:
+                return False
+        return self.pool is None or self.pool.make_room(self.slots, 2 * len(ahead.rows))
+
+    def _settle_ahead(self) -> None:
+        """Read the picked tokens back and accept them: the rows are then as after an ordinary step (the
+        last token accepted, not yet in the cache). Rows ended meanwhile (cancelled, failed) drop theirs."""
+        ahead, self._ahead = self._ahead, None
+        keep = []
+        for j, (row, run) in enumerate(zip(ahead.rows, ahead.runs)):
+            if self.slots[row].run is not run:
+                continue
+            if run.done or run.task.cancelled.is_set():
+                self._ragged.rewind(row, 1)  # its pick is dropped: back to an ordinary step's cache
+            else:
+                keep.append(j)
+        if not keep:
+            return
+        values = ahead.read(keep)
+        now = time.perf_counter()
+        for j, value in zip(keep, values):
+            row, run = ahead.rows[j], ahead.runs[j]
+            self._accept_pick(row, run, ahead.pending[j], value, now)
+            if run.done:
+                self._release(self.slots[row], send=not run.task_failed)
+
+    def _leave_ahead(self, row: int) -> None:
+        """A row of ``_ahead`` that leaves (released, failed) before its pick is read: the pick is dropped
+        and the row's cache steps back to an ordinary step's (its last accepted token not in it)."""
+        if self._ahead is not None and row in self._ahead.rows:
+            self._ahead.drop(row)
+            if row in self._ragged:
+                self._ragged.rewind(row, 1)
+
+    def _accept_pick(self, row: int, run: SlotRun, pending, value, now: float) -> None:
+        try:
+            if isinstance(value, Exception):
+                raise value
+            run.accept(run.sampled(pending, value), now)
+        except Exception as exc:
+            log.exception("sampling failed in slot %d", row)
+            run.fail(_as_api_error(exc))
+
+    def _step_ahead(self) -> None:
+        """One pipelined step: the forward over the rows' picked tokens is queued, then the picks are
+        read back (one readback) and accepted, and the next tokens are picked from the new logits. A row
+        that ended on its pick drops that pick's forward (O(1), ``RaggedBatch.rewind``)."""
+        ahead, self._ahead = self._ahead, None
+        rows, runs = ahead.rows, ahead.runs
+        try:
+            logits = self._ragged.step(ahead.ids())
+            values = ahead.read()
+        except Exception as exc:
+            log.exception("the pipelined decode step failed; failing its %d rows", len(rows))
+            error = _as_api_error(exc)
+            for row, run in zip(rows, runs):
+                run.task.sink(Failed(error))
+                slot = self.slots[row]
+                slot.cache, slot.tokens, slot.run = None, [], None
+            self._ragged = RaggedBatch(self.lm.model)
+            return
+        now = time.perf_counter()
+        for j, (row, run) in enumerate(zip(rows, runs)):
+            self._accept_pick(row, run, ahead.pending[j], values[j], now)
+        live = [j for j, run in enumerate(runs) if not run.done]
+        if live:
+            try:
+                self._ahead = Ahead.pick([rows[j] for j in live], [runs[j] for j in live], [logits[j] for j in live])
+            except Exception as exc:
+                log.exception("sampling failed in the pipelined decode step")
+                for j in live:
+                    runs[j].fail(_as_api_error(exc))
+        self._count_plain_step(len(rows))
+        for row, run in zip(rows, runs):
+            if run.done:
+                self._ragged.rewind(row, 1)  # the forward over the token it ended on is not kept
+                self._release(self.slots[row], send=not run.task_failed)
+
+    def _count_plain_step(self, rows: int) -> None:
+        """A ragged step of ``rows`` plain decoding rows, one token each, in the metrics and /slots."""
+        self.last_step = {"rows": rows, "tokens": rows, "width": 1, "draft_accepted": 0}
+        self.metrics.record_decode(rows)
+        if self.speculation is not None:
+            self.metrics.record_step(rows, rows, 0)
 
     def _start_speculating(self, slot: Slot) -> None:
         """A row whose prompt was prefilled in the ragged batch starts its speculative session; one
@@ -754,6 +891,7 @@ class Scheduler:
     def _release(self, slot: Slot, send: bool = True) -> None:
         """End the slot's run: take its row out of the batch (keeping its cache for prompt reuse),
         send the final result, update metrics."""
+        self._leave_ahead(slot.id)
         run = slot.run
         if slot.id in self._batch:
             slot.cache = self._batch.remove([slot.id])[slot.id]
@@ -793,6 +931,7 @@ class Scheduler:
         run = slot.run
         if run is None:
             return
+        self._leave_ahead(slot.id)
         run.task.sink(Failed(_as_api_error(exc)))
         try:
             if slot.id in self._batch:

@@ -160,3 +160,24 @@ def test_rows_leave_and_join_in_freed_places_without_touching_the_others(q8):
     mine = batch.remove([3])[3]
     assert all(mx.array_equal(a.keys[..., :a.offset, :], b.keys[..., :a.offset, :]).item()
                for a, b in zip(out, mine))
+
+
+def test_a_step_over_lazy_tokens_is_bitwise_the_planned_forward(q8, tiny_llama):
+    # RaggedBatch.step (the scheduler's pipelined plain steps) takes the rows' tokens as a lazy array;
+    # its logits and caches are the bits of the forward of the same tokens given as a plan, one row
+    # alone included (on the fused ops a lone token is not padded to two)
+    for rows in ([1], [0, 1, 2]):
+        planned, lazy = batch_of(q8, rows), batch_of(q8, rows)
+        tokens = [3 + r for r in rows]
+        for _ in range(3):
+            want, _ = step(planned, [[t] for t in tokens])
+            ids = mx.argmax(mx.array([[0.0] * 300 for _ in rows]), axis=-1) + mx.array(tokens)  # lazy
+            got = lazy.step(ids.astype(mx.int32))
+            mx.eval(got)
+            for j in range(len(rows)):
+                assert mx.array_equal(want[j][0], got[j]).item(), (rows, j)
+            tokens = [int(x[0].argmax().item()) for x in want]
+        for r in rows:
+            assert planned.length(r) == lazy.length(r)
+    with pytest.raises(ValueError):
+        batch_of(tiny_llama, [0]).step(mx.array([3], dtype=mx.int32))  # not on the fused ops

@@ -1,0 +1,85 @@
+"""Pipelined decode steps: the next step queued before this step's tokens are read back.
+
+When every row of the iteration's ragged forward is a plain decoding row and nothing else waits
+(no new task, no job, no other kind of row), the scheduler runs its steps as
+``decode.plain.generate_tokens`` runs one sequence: each row's next token is picked from the step's
+logits lazily (``batch_select.pick_draws``, the very graph ``select_draws`` evaluates), the next
+forward is queued over those lazy picks (``RaggedBatch.step``), and only then are the picks read
+back (one readback) and accepted. Building step n + 1's graph and the iteration's bookkeeping then
+overlap the evaluation of step n instead of following it.
+
+:class:`Ahead` is the state between two such iterations: per row its run, its pending sample and its
+lazy pick. Invariant: each row's cache holds every token the run accepted; the pick is the next
+token, not yet accepted. The scheduler *settles* it (reads the picks back and accepts them, leaving
+the rows as an ordinary step does: the last accepted token not yet in the cache) as soon as anything
+else must happen, and a row that ends on a token already forwarded drops that forward's entry
+(``RaggedBatch.rewind``: O(1), exact). The tokens are the ones ``select_draws`` gives, so each row's
+tokens are the ones it gets without the pipeline. ``MLXCEL_RUN_AHEAD=0`` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlxcel.engine.sampling.batch_select import Draw, pick_draws, read_together
+from mlxcel.server.runtime.slots import PendingSample, SlotRun
+
+RUN_AHEAD_ENV = "MLXCEL_RUN_AHEAD"
+
+
+def enabled() -> bool:
+    return os.environ.get(RUN_AHEAD_ENV, "1").lower() not in ("0", "false", "no", "off")
+
+
+def eligible(run: SlotRun | None) -> bool:
+    """Whether a row may decode pipelined: a plain decoding row whose next token needs nothing the
+    host computes from it (no grammar mask, no reasoning budget, no ``n_probs`` report, no fault)."""
+    return (run is not None and not run.done and not run.prefilling and run.spec is None and not run.wants_spec
+            and run.grammar is None and run.budget is None and run.opts.n_probs <= 0 and run.fault is None
+            and not run.task.cancelled.is_set())
+
+
+@dataclass
+class Ahead:
+    rows: list[int]
+    runs: list[SlotRun]
+    pending: list[PendingSample]
+    draws: list[Draw]
+    picks: list[mx.array | Exception]  # per row its [1] int32 token, lazy (queued)
+
+    @classmethod
+    def pick(cls, rows: list[int], runs: list[SlotRun], logits: mx.array) -> Ahead:
+        """Each row's next token from its row of ``logits`` (``[len(rows), V]``), lazily, queued."""
+        pending = [run.pending_sample(logits[j]) for j, run in enumerate(runs)]
+        draws = [p.draw for p in pending]
+        picks = pick_draws(draws)
+        mx.async_eval([p for p in picks if not isinstance(p, Exception)])
+        return cls(rows, runs, pending, draws, picks)
+
+    def drop(self, row: int) -> None:
+        """Forget ``row`` (it leaves before its pick is read: the pick is never accepted)."""
+        j = self.rows.index(row)
+        for part in (self.rows, self.runs, self.pending, self.draws, self.picks):
+            del part[j]
+
+    def ids(self) -> mx.array:
+        """The picks as one ``[len(rows)]`` array (lazy), for the next forward."""
+        return self.picks[0] if len(self.picks) == 1 else mx.concatenate(self.picks)
+
+    def read(self, keep: list[int] | None = None) -> list[int | Exception]:
+        """The picks of rows ``keep`` (indices; every row by default) read back together: a token each,
+        or the exception its draw raised."""
+        keep = list(range(len(self.rows))) if keep is None else keep
+        values = read_together([self.picks[j] if isinstance(self.picks[j], Exception) else [self.picks[j]]
+                                for j in keep], lambda i: _alone(self.draws[keep[i]]))
+        return [v if isinstance(v, Exception) else v[0][0] for v in values]
+
+
+def _alone(draw: Draw) -> list[mx.array]:
+    (pick,) = pick_draws([draw])
+    if isinstance(pick, Exception):
+        raise pick
+    return [pick]
