@@ -19,8 +19,8 @@ for the logits of as many of its last positions as it needs (``StepPlan.logits``
 and concatenating them into a padded batch for every forward (``scripts/bench_ragged_cache.py``).
 
 Exactness: on a model running mlxcel's fused CPU ops (packed weights on the CPU) every token runs
-flat, with no padding: the matmuls round a row independently of the matrix height from two rows up
-(hence no forward, and no head, is one row tall), the per-token rope and the ragged attention
+flat, with no padding: the matmul kernels round a row independently of the matrix height, one row
+included (``tests/engine/platform/test_qmatmul.py``), the per-token rope and the ragged attention
 (``platform.ragged_ops``) compute each token and query by the single-sequence fused ops' own code,
 over exactly its row's keys. So a row's logits are bitwise the same whatever else is in the forward,
 and the same as the single-sequence forward of the same chunks gives (``tests/engine/decode/test_ragged.py``).
@@ -309,10 +309,12 @@ class RaggedBatch:
         where it asked for none), queued (``mx.async_eval``). Each row's cache then holds its tokens
         (a row may bring none: it waits, its cache unchanged).
 
-        The forward never carries a single token, nor a head over a single position: a one-row
-        matmul takes another kernel than a taller one (other rounding), so a lone one-token step is
-        laid out as two (the second a padding copy, written past the row's end) and a lone logits
-        row is projected twice, to round exactly as they do beside other rows."""
+        Off the fused ops the forward never carries a single token, nor a head over a single
+        position: there a one-row matmul takes another kernel than a taller one (BLAS sgemv against
+        sgemm: other rounding), so a lone one-token step is laid out as two (the second a padding
+        copy, written past the row's end) and a lone logits row is projected twice, to round exactly
+        as they do beside other rows. The fused ops give a row the same bits at any height, so there
+        a lone row runs alone (half the work of a one-row step)."""
         if plan.rows != self.rows:
             raise ValueError("the step plan must name every row of the batch, in order")
         counts = [len(t) for t in plan.tokens]
@@ -331,7 +333,7 @@ class RaggedBatch:
         wanted = [list(range(starts[i] + c - n, starts[i] + c)) for i, (c, n) in enumerate(zip(counts, plan.logits))]
         if flat_packed:
             picks = [j for w in wanted for j in w]
-            flat = _packed_forward(self.model, tokens, self.cache, picks)  # the caches are written even with no head
+            flat = _packed_forward(self.model, tokens, self.cache, picks, fused=fused)  # caches written even with no head
             logits, at = [], 0
             for w in wanted:
                 logits.append(flat[at:at + len(w)] if w else None)
@@ -360,7 +362,7 @@ class RaggedBatch:
             raise ValueError(f"ids of shape {ids.shape} for {b} rows")
         for layer in self.cache:
             layer.begin([1] * b)
-        logits = _packed_forward(self.model, [[0]] * b, self.cache, list(range(b)), ids=ids)
+        logits = _packed_forward(self.model, [[0]] * b, self.cache, list(range(b)), ids=ids, fused=True)
         for layer in self.cache:
             layer.advance([1] * b)
         mx.async_eval(logits, [layer.state for layer in self.cache])
@@ -388,7 +390,7 @@ def packable(model) -> bool:
 
 
 def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], picks: list[int],
-                    ids: mx.array | None = None) -> mx.array | None:
+                    ids: mx.array | None = None, fused: bool | None = None) -> mx.array | None:
     """The model's forward over the rows' tokens with no padding in the matmuls: the embedding,
     projections, MLPs, norms and head see the ``N`` real tokens as one flat sequence, and the head
     only the positions in ``picks`` (flat indices; a lone one is projected twice, see ``forward``).
@@ -411,7 +413,7 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
     width = max(len(t) for t in tokens)
     flat_tokens = [t for row in tokens for t in row]
     n = len(flat_tokens)
-    fused = runs_fused(model)
+    fused = runs_fused(model) if fused is None else fused
     if fused:
         lengths = cache[0].lengths
         places = cache[0].places  # every layer keeps its rows in the same places
