@@ -15,6 +15,12 @@ Arms (each at every ``--threads`` count T):
 * ``mlxcel-f32``: the same server with ``MLXCEL_WEIGHTS=float32`` (quantized weights dequantized
   to float32, as before the CPU kernels), to show what the kernels buy in the same run.
 
+* ``mlxcel-no-ahead``: the same server with ``MLXCEL_RUN_AHEAD=0`` (no pipelined decode steps:
+  every step's tokens read back before the next step is built, ``server/runtime/run_ahead.py``).
+* ``mlxcel-base``: the same server from another source tree (``--base-tree DIR``, e.g. main's:
+  ``git -C <main> archive HEAD | tar -x -C DIR``, with the built extension copied into
+  ``DIR/engine/platform``), imported ahead of this checkout's: a before / after in one run.
+
 ``--clients N`` measures aggregate throughput instead: every server runs ``-np N`` and each round
 sends N requests at once (different prompts); tok/s is all generated tokens over the round's wall
 time. Each server's resident memory (VmRSS after the warm-up) is reported too.
@@ -92,11 +98,19 @@ class Server:
     def decode(self, prompt: str, n: int) -> dict:
         body = {"prompt": prompt, "n_predict": n, "temperature": 0, "ignore_eos": True, "cache_prompt": False,
                 "seed": 0}
+        cpu = self.cpu_s()
         r = httpx.post(self.url + "/completion", json=body, timeout=600)
+        cpu = self.cpu_s() - cpu
         r.raise_for_status()
         j = r.json()
         t = j["timings"]
-        return {"tps": t["predicted_per_second"], "n": t["predicted_n"], "text": j["content"]}
+        return {"tps": t["predicted_per_second"], "n": t["predicted_n"], "text": j["content"],
+                "cpu_ms": cpu * 1e3 / max(1, t["predicted_n"])}
+
+    def cpu_s(self) -> float:
+        """The server process's CPU time so far (user + system, every thread), in seconds."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def rss_mb(self) -> float:
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -108,11 +122,12 @@ class Server:
         """All prompts at once; aggregate generated tokens / wall time."""
         import concurrent.futures
 
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), self.cpu_s()
         with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
             done = list(pool.map(lambda p: self.decode(p, n), prompts))
-        wall = time.perf_counter() - start
-        return {"tps": sum(d["n"] for d in done) / wall, "n": sum(d["n"] for d in done), "text": done[0]["text"]}
+        wall, cpu = time.perf_counter() - start, self.cpu_s() - cpu
+        total = sum(d["n"] for d in done)
+        return {"tps": total / wall, "n": total, "text": done[0]["text"], "cpu_ms": cpu * 1e3 / max(1, total)}
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -176,6 +191,19 @@ def child_env(threads: int, sgemv: bool, weights: str | None = None) -> dict:
     return env_with_fast_blas(env)
 
 
+def tree_path(tree: str) -> str:
+    """A ``PYTHONPATH`` entry under which ``mlxcel.engine`` / ``.drafters`` / ``.server`` are ``tree``'s
+    (the editable install maps them to this checkout, after ``sys.path``'s own finders)."""
+    root = Path(tree).resolve()
+    pkg = root / ".bench-pkg" / "mlxcel"
+    pkg.mkdir(parents=True, exist_ok=True)
+    for name in ("engine", "drafters", "server"):
+        link = pkg / name
+        if not link.exists():
+            link.symlink_to(root / name)
+    return str(pkg.parent)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("-m", "--model", default=None, help="GGUF file (default: the built-in SmolLM2 Q4_1)")
@@ -186,6 +214,7 @@ def main() -> None:
     parser.add_argument("--arms", default="llama-server,mlxcel,mlxcel-f32")
     parser.add_argument("--clients", type=int, default=1, help="concurrent requests (servers run -np N)")
     parser.add_argument("--out", default=None, help="also write the JSON result here")
+    parser.add_argument("--base-tree", default=None, help="source tree the mlxcel-base arm runs (e.g. main's)")
     parser.add_argument("--mlx-lm-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     model = args.model or builtin_gguf()
@@ -214,10 +243,17 @@ def main() -> None:
                     cmd = [str(llama), "-m", model, "-t", str(t), "-tb", str(t), "-np", np_, "-c", str(2048 * args.clients),
                            "--host", "127.0.0.1", "--port", port]
                     arms.append(Server(name, cmd, env, log))
-                elif kind in ("mlxcel", "mlxcel-no-sgemv", "mlxcel-f32"):
+                elif kind in ("mlxcel", "mlxcel-no-sgemv", "mlxcel-f32", "mlxcel-no-ahead", "mlxcel-base"):
                     cmd = [sys.executable, "-m", "mlxcel.server.cli", "-m", model, "-np", str(args.clients),
                            "-c", str(2048 * args.clients), "-t", str(t), "--host", "127.0.0.1", "--port", port]
                     env = child_env(t, kind != "mlxcel-no-sgemv", "float32" if kind == "mlxcel-f32" else None)
+                    if kind == "mlxcel-no-ahead":
+                        env["MLXCEL_RUN_AHEAD"] = "0"
+                    if kind == "mlxcel-base":
+                        if not args.base_tree:
+                            raise SystemExit("the mlxcel-base arm needs --base-tree")
+                        env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree_path(args.base_tree),
+                                                                           env.get("PYTHONPATH")]))
                     arms.append(Server(name, cmd, env, log))
                 elif kind == "mlx_lm":
                     arms.append(MlxLmWorker(name, model, child_env(t, sgemv=False)))
@@ -228,6 +264,7 @@ def main() -> None:
         rss = {arm.name: arm.rss_mb() for arm in arms if isinstance(arm, Server)}
         load_start = os.getloadavg()[0]
         results = {arm.name: [] for arm in arms}
+        cpu = {arm.name: [] for arm in arms}
         texts = {}
         for _ in range(args.repeats):
             for i, prompt in enumerate(PROMPTS):
@@ -238,6 +275,8 @@ def main() -> None:
                     else:
                         r = arm.decode(prompt, args.n_predict)
                     results[arm.name].append(r["tps"])
+                    if "cpu_ms" in r:
+                        cpu[arm.name].append(r["cpu_ms"])
                     texts.setdefault(arm.name, {})[prompt] = r["text"]
         load_end = os.getloadavg()[0]
     finally:
@@ -245,22 +284,25 @@ def main() -> None:
             arm.stop()
 
     med = {name: statistics.median(v) for name, v in results.items()}
+    med_cpu = {name: statistics.median(v) for name, v in cpu.items() if v}
     out = {"model": Path(model).name, "n_predict": args.n_predict, "repeats": args.repeats, "clients": args.clients,
            "prompts": len(PROMPTS), "load_avg_start": load_start, "load_avg_end": load_end,
-           "median_decode_tps": med, "all_decode_tps": results, "rss_mb": rss}
+           "median_decode_tps": med, "all_decode_tps": results, "rss_mb": rss,
+           "median_cpu_ms_per_token": med_cpu}
     print(json.dumps(out))
     what = "decode tok/s" if args.clients == 1 else f"aggregate tok/s, {args.clients} clients"
     print(f"\n{out['model']}, n_predict {args.n_predict}, {len(PROMPTS)} prompts x {args.repeats} repeats, "
           f"{args.clients} client(s), load average {load_start:.1f} -> {load_end:.1f}\n")
     threads = sorted({name.split("t=")[1] for name in med})
-    print(f"| threads | arm | {what} (median) | mlxcel / arm | RSS MB |")
-    print("|---:|---|---:|---:|---:|")
+    print(f"| threads | arm | {what} (median) | mlxcel / arm | server CPU ms / token (median) | RSS MB |")
+    print("|---:|---|---:|---:|---:|---:|")
     for t in threads:
         ours = med.get(f"mlxcel t={t}")
         for name, v in med.items():
             if name.endswith(f"t={t}"):
                 ratio = f"{ours / v:.2f}x" if ours else "-"
-                print(f"| {t} | {name.split(' t=')[0]} | {v:.1f} | {ratio} | {rss.get(name, float('nan')):.0f} |")
+                c = f"{med_cpu[name]:.2f}" if name in med_cpu else "-"
+                print(f"| {t} | {name.split(' t=')[0]} | {v:.1f} | {ratio} | {c} | {rss.get(name, float('nan')):.0f} |")
     for t in threads:
         a, b = texts.get(f"mlxcel t={t}"), texts.get(f"llama-server t={t}")
         if a and b:
