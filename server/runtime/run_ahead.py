@@ -5,7 +5,7 @@ When every row of the iteration's ragged forward is a plain decoding row and not
 ``decode.plain.generate_tokens`` runs one sequence: each row's next token is picked from the step's
 logits lazily (``batch_select.pick_draws``, the very graph ``select_draws`` evaluates), the next
 forward is queued over those lazy picks (``RaggedBatch.step``), and only then are the picks read
-back (one readback) and accepted. Building step n + 1's graph and the iteration's bookkeeping then
+back and accepted. Building step n + 1's graph and the iteration's bookkeeping then
 overlap the evaluation of step n instead of following it.
 
 :class:`Ahead` is the state between two such iterations: per row its run, its pending sample and its
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxcel.engine.sampling.batch_select import Draw, pick_draws, read_together
+from mlxcel.engine.sampling.batch_select import Draw, pick_draws
 from mlxcel.server.runtime.slots import PendingSample, SlotRun
 
 RUN_AHEAD_ENV = "MLXCEL_RUN_AHEAD"
@@ -70,12 +70,23 @@ class Ahead:
         return self.picks[0] if len(self.picks) == 1 else mx.concatenate(self.picks)
 
     def read(self, keep: list[int] | None = None) -> list[int | Exception]:
-        """The picks of rows ``keep`` (indices; every row by default) read back together: a token each,
-        or the exception its draw raised."""
-        keep = list(range(len(self.rows))) if keep is None else keep
-        values = read_together([self.picks[j] if isinstance(self.picks[j], Exception) else [self.picks[j]]
-                                for j in keep], lambda i: _alone(self.draws[keep[i]]))
-        return [v if isinstance(v, Exception) else v[0][0] for v in values]
+        """The picks of rows ``keep`` (indices; every row by default) read back: a token each, or the
+        exception its draw raised. Each pick is read as it is, with no new operation: anything queued
+        now would run after the next step's forward, which is already queued on the same stream."""
+        out: list[int | Exception] = []
+        for j in range(len(self.rows)) if keep is None else keep:
+            pick = self.picks[j]
+            if isinstance(pick, Exception):
+                out.append(pick)
+                continue
+            try:
+                out.append(int(pick.tolist()[0]))
+            except Exception:  # its graph failed: built again alone, so that it fails (or not) on its own
+                try:
+                    out.append(int(_alone(self.draws[j])[0].tolist()[0]))
+                except Exception as exc:
+                    out.append(exc)
+        return out
 
 
 def _alone(draw: Draw) -> list[mx.array]:
