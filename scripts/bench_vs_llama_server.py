@@ -304,6 +304,12 @@ def main() -> None:
                 c = f"{med_cpu[name]:.2f}" if name in med_cpu else "-"
                 print(f"| {t} | {name.split(' t=')[0]} | {v:.1f} | {ratio} | {c} | {rss.get(name, float('nan')):.0f} |")
     for t in threads:
+        ours = texts.get(f"mlxcel t={t}")
+        for name, other in texts.items():
+            if ours and name.startswith("mlxcel-") and name.endswith(f"t={t}") and "f32" not in name:
+                same = sum(ours[p] == other[p] for p in ours)
+                print(f"\nt={t}: mlxcel and {name.split(' t=')[0]} texts identical on {same}/{len(ours)} prompts")
+    for t in threads:
         a, b = texts.get(f"mlxcel t={t}"), texts.get(f"llama-server t={t}")
         if a and b:
             same = sum(a[p] == b[p] for p in a)
