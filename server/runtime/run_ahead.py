@@ -52,12 +52,13 @@ class Ahead:
 
     @classmethod
     def pick(cls, rows: list[int], runs: list[SlotRun], logits: mx.array) -> Ahead:
-        """Each row's next token from its row of ``logits`` (``[len(rows), V]``), lazily, queued."""
+        """Each row's next token from its row of ``logits`` (``[len(rows), V]``), lazily. Not queued on
+        its own: the next step's forward takes the picks as its input and evaluates them first (a
+        queue call here would wait for the tail of this step's forward, the head, which the Python
+        of the next step's graph can overlap instead)."""
         pending = [run.pending_sample(logits[j]) for j, run in enumerate(runs)]
         draws = [p.draw for p in pending]
-        picks = pick_draws(draws)
-        mx.async_eval([p for p in picks if not isinstance(p, Exception)])
-        return cls(rows, runs, pending, draws, picks)
+        return cls(rows, runs, pending, draws, pick_draws(draws))
 
     def drop(self, row: int) -> None:
         """Forget ``row`` (it leaves before its pick is read: the pick is never accepted)."""
