@@ -670,7 +670,8 @@ class Scheduler:
             if self.slots[row].run is not run:
                 continue
             if run.done or run.task.cancelled.is_set():
-                self._ragged.rewind(row, 1)  # its pick is dropped: back to an ordinary step's cache
+                if row in self._ragged:
+                    self._ragged.rewind(row, 1)  # its pick is dropped: back to an ordinary step's cache
             else:
                 keep.append(j)
         if not keep:
