@@ -91,6 +91,18 @@ def cpu_kernels() -> bool:
     return qmatmul.available()
 
 
+def float_kernels() -> bool:
+    """Whether float weights (``nn.Linear`` / ``nn.Embedding``; bf16/f16 ones after the cast to
+    float32) are re-laid at load into the CPU kernels' float32 tiles and run there instead of
+    MLX's matmul (OpenBLAS sgemm, which at 2..16 rows streams the weights at a third of the memory
+    rate here; docs/benchmarks.md "Float32 tiles"). With them the model also takes the packed
+    models' graph changes (``prepare_for_decode``). On a CPU where the extension is built and the
+    compute dtype is float32; ``MLXCEL_FLOAT_KERNEL=0`` turns it off. Never on Metal or CUDA."""
+    if on_gpu() or _off("MLXCEL_FLOAT_KERNEL") or compute_dtype() != mx.float32:
+        return False
+    return qmatmul.available() and hasattr(qmatmul.extension(), "repack_float")
+
+
 def compute_dtype() -> mx.Dtype:
     """The dtype float weights are cast to at load time.
 

@@ -113,6 +113,16 @@ def _weight_spec(module: nn.Module) -> PackedWeight:
     return w
 
 
+def _float_weight(module: nn.Module) -> mx.array:
+    """The ``[n, k]`` float32 matrix of a module packed from float weights (``pack_float_modules``),
+    for the few callers that read ``.weight`` rather than calling the layer (a reranker's rows, a
+    drafter sharing the target's embedding table); a copy made on each access. Quantized packed
+    modules have no ``weight``."""
+    if module._spec[0] != qmatmul.F32:
+        raise AttributeError(f"{type(module).__name__} of packed type {module._spec[0]} has no float weight")
+    return qmatmul.dequantize(module.weight_spec)
+
+
 class PackedLinear(nn.Module):
     _shared: SharedInput | None = None  # set by share_inputs
     _shared_index = 0
@@ -128,6 +138,10 @@ class PackedLinear(nn.Module):
     @property
     def weight_spec(self) -> PackedWeight:
         return _weight_spec(self)
+
+    @property
+    def weight(self) -> mx.array:
+        return _float_weight(self)
 
     def _extra_repr(self) -> str:
         qtype, group, n, k = self._spec
@@ -151,6 +165,10 @@ class PackedEmbedding(nn.Module):
     @property
     def weight_spec(self) -> PackedWeight:
         return _weight_spec(self)
+
+    @property
+    def weight(self) -> mx.array:
+        return _float_weight(self)
 
     def _extra_repr(self) -> str:
         qtype, _, n, k = self._spec
@@ -185,6 +203,32 @@ def pack_affine_modules(model: nn.Module) -> tuple[int, int]:
             setattr(module, name, replacement)
             packed += 1
     return packed, left
+
+
+def pack_float_modules(model: nn.Module) -> int:
+    """Replace every plain ``nn.Linear`` / ``nn.Embedding`` of ``model`` whose weight is float (2-D)
+    with its packed stand-in over float32 tiles (``qmatmul.pack_float``), so float models run the
+    same kernel family as quantized ones: one pass over the weights for 1..16 rows, a row's bits
+    independent of the call's width. Subclasses (sharded, LoRA, quantized layers) are left alone.
+    Returns the number of modules packed."""
+    packed = 0
+    for _, module in model.named_modules():
+        for name, child in list(module.children().items()):
+            if type(child) not in (nn.Linear, nn.Embedding):
+                continue
+            weight = child.weight
+            if weight.ndim != 2 or not mx.issubdtype(weight.dtype, mx.floating):
+                continue
+            w = qmatmul.pack_float(weight)
+            if type(child) is nn.Embedding:
+                replacement = PackedEmbedding(w)
+            else:
+                replacement = PackedLinear(w, bias="bias" in child)
+                if "bias" in child:
+                    replacement.bias = child.bias
+            setattr(module, name, replacement)
+            packed += 1
+    return packed
 
 
 def install_packed(model: nn.Module, weights: dict[str, PackedWeight]) -> None:
