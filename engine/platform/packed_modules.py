@@ -113,6 +113,14 @@ def _weight_spec(module: nn.Module) -> PackedWeight:
     return w
 
 
+def _set_float_weight(module: nn.Module, value: mx.array) -> None:
+    """``module.weight = W`` on a module packed from float weights: W re-laid in its place (a
+    model or a test that edits a layer's matrix after loading)."""
+    w = qmatmul.pack_float(value)
+    module.packed = w.packed
+    module._spec = (w.qtype, w.group, w.n, w.k)
+
+
 def _float_weight(module: nn.Module) -> mx.array:
     """The ``[n, k]`` float32 matrix of a module packed from float weights (``pack_float_modules``),
     for the few callers that read ``.weight`` rather than calling the layer (a reranker's rows, a
@@ -127,6 +135,12 @@ class PackedLinear(nn.Module):
     _shared: SharedInput | None = None  # set by share_inputs
     _shared_index = 0
     _weight: PackedWeight | None = None  # weight_spec's last answer
+
+    def __setattr__(self, key, val):
+        if key == "weight" and isinstance(val, mx.array):
+            _set_float_weight(self, val)
+        else:
+            super().__setattr__(key, val)
 
     def __init__(self, w: PackedWeight, bias: bool = False):
         super().__init__()
@@ -155,6 +169,12 @@ class PackedLinear(nn.Module):
 
 
 class PackedEmbedding(nn.Module):
+    def __setattr__(self, key, val):
+        if key == "weight" and isinstance(val, mx.array):
+            _set_float_weight(self, val)
+        else:
+            super().__setattr__(key, val)
+
     def __init__(self, w: PackedWeight):
         super().__init__()
         self.packed = w.packed
@@ -217,7 +237,11 @@ def pack_float_modules(model: nn.Module) -> int:
             if type(child) not in (nn.Linear, nn.Embedding):
                 continue
             weight = child.weight
-            if weight.ndim != 2 or not mx.issubdtype(weight.dtype, mx.floating):
+            # matrices of the quantized kernels' shapes only (as packable GGUF tensors: inputs a
+            # multiple of 32); the few small ones (gemma3n's AltUp coefficients, which the model
+            # rewrites in place each call) stay MLX's
+            if weight.ndim != 2 or not mx.issubdtype(weight.dtype, mx.floating) or weight.shape[1] % 32 \
+                    or weight.shape[0] < 16:
                 continue
             w = qmatmul.pack_float(weight)
             if type(child) is nn.Embedding:

@@ -98,8 +98,9 @@ def test_pack_float_modules_keeps_the_layers_outputs():
         def __init__(self):
             super().__init__()
             self.embed = nn.Embedding(50, 32)
-            self.proj = nn.Linear(32, 24, bias=True)
-            self.head = nn.Linear(24, 50, bias=False)
+            self.proj = nn.Linear(32, 64, bias=True)
+            self.head = nn.Linear(64, 50, bias=False)
+            self.small = nn.Linear(4, 16)  # off the kernels' shapes (inputs not a multiple of 32): left alone
 
     mx.random.seed(0)
     model = Tiny()
@@ -109,8 +110,13 @@ def test_pack_float_modules_keeps_the_layers_outputs():
     table = np.array(model.embed.weight)
     assert pack_float_modules(model) == 3
     assert isinstance(model.embed, PackedEmbedding) and isinstance(model.proj, PackedLinear)
+    assert type(model.small) is nn.Linear
     assert np.array_equal(np.array(model.embed(ids)), np.array(x))
     assert np.array_equal(np.array(model.embed.weight), table)  # .weight still readable
     out = np.array(model.head(model.proj(model.embed(ids))))
     assert np.allclose(out, np.array(ref), rtol=1e-5, atol=1e-5)
     assert np.allclose(np.array(model.embed.as_linear(x)), np.array(x @ model.embed.weight.T), rtol=1e-5, atol=1e-5)
+    new = mx.random.normal((64, 32))
+    model.proj.weight = new  # re-laid in place
+    assert np.array_equal(np.array(model.proj.weight), np.array(new))
+    assert np.allclose(np.array(model.proj(x)), np.array(x @ new.T + model.proj.bias), rtol=1e-5, atol=1e-5)
