@@ -255,6 +255,28 @@ def pack_float_modules(model: nn.Module) -> int:
     return packed
 
 
+def unpack_float_modules(model: nn.Module) -> int:
+    """The inverse of :func:`pack_float_modules`: each module packed from float weights back to a
+    plain ``nn.Linear`` / ``nn.Embedding`` holding its float32 matrix (a copy of a target's layer
+    that is to load other weights by name, as an MTP drafter's decoder layer). The count."""
+    count = 0
+    for _, module in model.named_modules():
+        for name, child in list(module.children().items()):
+            if not isinstance(child, (PackedLinear, PackedEmbedding)) or child._spec[0] != qmatmul.F32:
+                continue
+            _, _, n, k = child._spec
+            if isinstance(child, PackedEmbedding):
+                plain = nn.Embedding(n, k)
+            else:
+                plain = nn.Linear(k, n, bias="bias" in child)
+                if "bias" in child:
+                    plain.bias = child.bias
+            plain.weight = child.weight
+            setattr(module, name, plain)
+            count += 1
+    return count
+
+
 def install_packed(model: nn.Module, weights: dict[str, PackedWeight]) -> None:
     """Swap the ``nn.Linear`` / ``nn.Embedding`` at each module path (``model.layers.0.mlp.up_proj``)
     for its packed stand-in holding ``weights[path]`` (a linear layer's bias stays a parameter)."""
