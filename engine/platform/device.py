@@ -2,8 +2,9 @@
 CPU build uses.
 
 On a CPU, quantized weights (GGUF blocks, MLX affine 4/8-bit) stay packed and run on mlxcel's own
-kernels (``qmatmul.py``) when they are built; float weights, and everything when they are not,
-run in float32 with OpenBLAS preloaded and the one-row matmul shim ahead of it (``blas_shim.py``).
+kernels (``qmatmul.py``) when they are built, and float weights too, re-laid as float32 tiles
+(``float_kernels``); without the kernels everything runs in float32 on MLX's matmul with OpenBLAS
+preloaded and the one-row matmul shim ahead of it (``blas_shim.py``).
 MLX's own CPU quantized, f16 and bf16 matmuls all decode slower than f32 there, and its bundled
 reference BLAS makes f32 prefill ~20x slower than OpenBLAS. On Metal and CUDA the weights stay as
 shipped (MLX's quantized kernels are the fast path there) and nothing is preloaded.
