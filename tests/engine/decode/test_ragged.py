@@ -174,12 +174,14 @@ def test_rows_leave_and_join_in_freed_places_without_touching_the_others(q8):
                for a, b in zip(out, mine))
 
 
-def test_a_step_over_lazy_tokens_is_bitwise_the_planned_forward(q8, tiny_llama):
+@pytest.mark.parametrize("which", ["q8", "float"])
+def test_a_step_over_lazy_tokens_is_bitwise_the_planned_forward(which, q8, tiny_llama, unfused):
     # RaggedBatch.step (the scheduler's pipelined plain steps) takes the rows' tokens as a lazy array;
     # its logits and caches are the bits of the forward of the same tokens given as a plan, one row
     # alone included (on the fused ops a lone token is not padded to two)
+    lm = q8 if which == "q8" else tiny_llama
     for rows in ([1], [0, 1, 2]):
-        planned, lazy = batch_of(q8, rows), batch_of(q8, rows)
+        planned, lazy = batch_of(lm, rows), batch_of(lm, rows)
         tokens = [3 + r for r in rows]
         for _ in range(3):
             want, _ = step(planned, [[t] for t in tokens])
@@ -192,4 +194,4 @@ def test_a_step_over_lazy_tokens_is_bitwise_the_planned_forward(q8, tiny_llama):
         for r in rows:
             assert planned.length(r) == lazy.length(r)
     with pytest.raises(ValueError):
-        batch_of(tiny_llama, [0]).step(mx.array([3], dtype=mx.int32))  # not on the fused ops
+        batch_of(unfused, [0]).step(mx.array([3], dtype=mx.int32))  # not on the fused ops
