@@ -56,7 +56,10 @@ namespace {
 // and other processes share the cores), and sleep on a futex (std::atomic::wait) only after
 // MLXCEL_SPIN_US without a call. A call under MLXCEL_WAKE_MACS does not wake sleeping workers
 // (it runs on the caller alone); a larger one (a step's output head) does, and they then spin
-// through the next step's small products.
+// through the next step's small products. Workers run at nice 19 (MLXCEL_KERNEL_WORKERS=nice, the
+// default; =idle: SCHED_IDLE; =normal: as the caller), so that they take a core only when the MLX
+// threads (the graph build of the next step) and other processes leave it: a busy box then gets
+// one thread's speed, not less (the caller takes the grains), an idle core the second share.
 int env_int(const char* name, int fallback) {
   const char* v = std::getenv(name);
   return v && *v ? std::atoi(v) : fallback;
@@ -70,7 +73,8 @@ class Pool {
   explicit Pool(int threads) : threads_(std::max(1, threads)) {
     spin_us_ = env_int("MLXCEL_SPIN_US", 1000);
     yield_every_ = env_int("MLXCEL_YIELD", 64);
-    policy_ = env_int("MLXCEL_WORKER_POLICY", 0);
+    const char* policy = std::getenv("MLXCEL_KERNEL_WORKERS");
+    policy_ = !policy || !std::strcmp(policy, "nice") ? 2 : !std::strcmp(policy, "idle") ? 1 : 0;
     stats_ = env_int("MLXCEL_POOL_STATS", 0) != 0;
     for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { loop(); });
   }
@@ -78,6 +82,9 @@ class Pool {
     if (stats_)
       std::fprintf(stderr, "pool: %ld calls split, %ld grains, caller took %ld, waited %.0f us, %ld waits > 50 us\n",
                    st_calls_, st_grains_, st_mine_, st_wait_us_, st_long_);
+    if (stats_)
+      std::fprintf(stderr, "pool workers: %ld sleeps, %ld jobs seen, %ld grains\n", st_sleeps_.load(), st_wjobs_.load(),
+                   st_wgrains_.load());
     stop_.store(true);
     word_.fetch_add(uint64_t(1) << 32);  // a new generation with no grains: wakes the spinners
     wake_.fetch_add(1);
@@ -143,7 +150,7 @@ class Pool {
 
   void loop() {
 #if defined(__linux__)
-    if (policy_ == 1) {  // experiments: 1 = SCHED_IDLE, 2 = nice 19
+    if (policy_ == 1) {
       sched_param sp{};
       pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
     } else if (policy_ == 2) {
@@ -161,6 +168,7 @@ class Pool {
           const uint32_t v = wake_.load(std::memory_order_seq_cst);
           sleeping_.fetch_add(1, std::memory_order_seq_cst);
           if ((word_.load(std::memory_order_seq_cst) >> 32) == seen) wake_.wait(v, std::memory_order_seq_cst);
+          if (stats_) st_sleeps_.fetch_add(1, std::memory_order_relaxed);
           sleeping_.fetch_sub(1, std::memory_order_seq_cst);
           start = std::chrono::steady_clock::now();
         }
@@ -168,7 +176,8 @@ class Pool {
       }
       if (stop_.load()) return;
       seen = gen;
-      work(gen);
+      const int took = work(gen);
+      if (stats_) st_wjobs_.fetch_add(1, std::memory_order_relaxed), st_wgrains_.fetch_add(took, std::memory_order_relaxed);
     }
   }
 
@@ -184,6 +193,7 @@ class Pool {
   std::atomic<bool> stop_{false};
   long st_calls_ = 0, st_grains_ = 0, st_mine_ = 0, st_long_ = 0;
   double st_wait_us_ = 0;
+  std::atomic<long> st_sleeps_{0}, st_wjobs_{0}, st_wgrains_{0};
 };
 
 std::mutex g_config_mu;
