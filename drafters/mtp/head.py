@@ -30,6 +30,8 @@ from mlx_lm.utils import dequantize_model
 
 from mlxcel.drafters.mtp.checkpoint import EMBEDDING_FIRST, MtpCheckpoint, MtpModuleWeights
 from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.platform.lean_blocks import lean_blocks
+from mlxcel.engine.platform.packed_modules import unpack_float_modules
 from mlxcel.engine.speculative.target_features import final_norm, head_logits, inner_model
 
 
@@ -66,6 +68,8 @@ class MtpModule(nn.Module):
         self.blocks = []
         for i, weights in enumerate(w.blocks):
             block = copy.deepcopy(template)
+            if unpack_float_modules(block):  # a float target's layer on the float kernel: plain layers
+                lean_blocks(block)  # to load by name; a lean block's plan (the target's arrays) dropped
             if not any(k.endswith(".scales") for k in weights):
                 dequantize_model(block)  # a quantized target's layer, float MTP weights
             try:

@@ -23,7 +23,7 @@ from mlxcel.engine.model.gguf_loader import load_gguf
 from mlxcel.engine.model.heap_freeze import freeze_loaded_heap
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform import device
-from mlxcel.engine.platform.packed_modules import pack_affine_modules
+from mlxcel.engine.platform.packed_modules import pack_affine_modules, pack_float_modules
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,9 @@ def load_model(
     else:
         raise ModelLoadError(f"{path} is neither a GGUF file nor a model directory")
     loaded.name = loaded.name or path.name
+    if device.float_kernels():
+        pack_float_modules(loaded.model)
+        mx.eval(loaded.model.parameters())
     device.prepare_for_decode(loaded.model)
     freeze_loaded_heap()
     return loaded

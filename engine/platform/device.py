@@ -2,8 +2,9 @@
 CPU build uses.
 
 On a CPU, quantized weights (GGUF blocks, MLX affine 4/8-bit) stay packed and run on mlxcel's own
-kernels (``qmatmul.py``) when they are built; float weights, and everything when they are not,
-run in float32 with OpenBLAS preloaded and the one-row matmul shim ahead of it (``blas_shim.py``).
+kernels (``qmatmul.py``) when they are built, and float weights too, re-laid as float32 tiles
+(``float_kernels``); without the kernels everything runs in float32 on MLX's matmul with OpenBLAS
+preloaded and the one-row matmul shim ahead of it (``blas_shim.py``).
 MLX's own CPU quantized, f16 and bf16 matmuls all decode slower than f32 there, and its bundled
 reference BLAS makes f32 prefill ~20x slower than OpenBLAS. On Metal and CUDA the weights stay as
 shipped (MLX's quantized kernels are the fast path there) and nothing is preloaded.
@@ -89,6 +90,20 @@ def cpu_kernels() -> bool:
             "quantized", "q", "keep", "float32", "f32", "dequantize"):
         return False
     return qmatmul.available()
+
+
+def float_kernels() -> bool:
+    """Whether float weights (``nn.Linear`` / ``nn.Embedding``; bf16/f16 ones after the cast to
+    float32) are re-laid at load into the CPU kernels' float32 tiles and run there instead of
+    MLX's matmul (OpenBLAS sgemm, which at 2..16 rows streams the weights at a third of the memory
+    rate here; docs/benchmarks.md "Float32 tiles"). With them the model also takes the packed
+    models' graph changes (``prepare_for_decode``). On a CPU where the extension is built and the
+    compute dtype is float32; ``MLXCEL_FLOAT_KERNEL=0`` turns it off. Never on Metal or CUDA."""
+    if on_gpu() or _off("MLXCEL_FLOAT_KERNEL") or compute_dtype() != mx.float32:
+        return False
+    if os.environ.get("MLXCEL_WEIGHTS", "").lower() in ("quantized", "q", "keep"):
+        return False  # MLX's own modules asked for: its float layers stay MLX's too
+    return qmatmul.available() and hasattr(qmatmul.extension(), "repack_float")
 
 
 def compute_dtype() -> mx.Dtype:
@@ -189,6 +204,13 @@ def _off(name: str) -> bool:
     return os.environ.get(name, "1").lower() in ("0", "false", "no", "off")
 
 
+# Families whose float models (weights in float32 tiles) also take the fused ops, shared inputs and
+# lean blocks: the plain decoder blocks the ragged step runs flat. On others (hybrids, MoE, gemma)
+# a float model keeps MLX's norms, rope and attention beside the float kernel: with the fused ops
+# Qwen3-Next's block cut-back (tests/engine/decode/test_recurrent.py) is no longer bit-exact.
+FUSED_FLOAT_TYPES = {"llama", "mistral", "qwen2"}
+
+
 def prepare_for_decode(model) -> None:
     """Per-device graph changes for decoding, applied once after loading. On a CPU, for a model
     whose weights run on the quantized kernels: norms, rotary embeddings and attention as single
@@ -202,6 +224,9 @@ def prepare_for_decode(model) -> None:
     if on_gpu():
         return
     packed = any(name.endswith(".packed") for name, _ in tree_flatten(model.parameters()))
+    if packed and getattr(model, "model_type", None) not in FUSED_FLOAT_TYPES and all(
+            m._spec[0] == qmatmul.F32 for _, m in model.named_modules() if hasattr(m, "_spec")):
+        packed = False  # float tiles only, of a family the fused ops are not checked on: MLX's ops
     if packed and qmatmul.available() and not _off("MLXCEL_FUSED_OPS"):
         fuse_layers(model)
     if packed and qmatmul.available() and not _off("MLXCEL_SHARED_INPUT"):

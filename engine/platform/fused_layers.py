@@ -68,7 +68,8 @@ _originals: dict[tuple[str, str], object] = {}
 def _fused_sdpa(original):
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
         if sinks is None and not hasattr(cache, "bits") and (mask is None or isinstance(mask, str) and
-                                                              mask == "causal") and queries.ndim == 4:
+                                                              mask == "causal") and queries.ndim == 4 \
+                and queries.shape[-1] == keys.shape[-1] == values.shape[-1]:  # not MLA's wider q/k
             return qmatmul.extension().attention(queries, keys, values, float(scale), mask == "causal")
         return original(queries, keys, values, cache, scale, mask, sinks)
 

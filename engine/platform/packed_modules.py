@@ -113,10 +113,34 @@ def _weight_spec(module: nn.Module) -> PackedWeight:
     return w
 
 
+def _set_float_weight(module: nn.Module, value: mx.array) -> None:
+    """``module.weight = W`` on a module packed from float weights: W re-laid in its place (a
+    model or a test that edits a layer's matrix after loading)."""
+    w = qmatmul.pack_float(value)
+    module.packed = w.packed
+    module._spec = (w.qtype, w.group, w.n, w.k)
+
+
+def _float_weight(module: nn.Module) -> mx.array:
+    """The ``[n, k]`` float32 matrix of a module packed from float weights (``pack_float_modules``),
+    for the few callers that read ``.weight`` rather than calling the layer (a reranker's rows, a
+    drafter sharing the target's embedding table); a copy made on each access. Quantized packed
+    modules have no ``weight``."""
+    if module._spec[0] != qmatmul.F32:
+        raise AttributeError(f"{type(module).__name__} of packed type {module._spec[0]} has no float weight")
+    return qmatmul.dequantize(module.weight_spec)
+
+
 class PackedLinear(nn.Module):
     _shared: SharedInput | None = None  # set by share_inputs
     _shared_index = 0
     _weight: PackedWeight | None = None  # weight_spec's last answer
+
+    def __setattr__(self, key, val):
+        if key == "weight" and isinstance(val, mx.array):
+            _set_float_weight(self, val)
+        else:
+            super().__setattr__(key, val)
 
     def __init__(self, w: PackedWeight, bias: bool = False):
         super().__init__()
@@ -128,6 +152,10 @@ class PackedLinear(nn.Module):
     @property
     def weight_spec(self) -> PackedWeight:
         return _weight_spec(self)
+
+    @property
+    def weight(self) -> mx.array:
+        return _float_weight(self)
 
     def _extra_repr(self) -> str:
         qtype, group, n, k = self._spec
@@ -141,6 +169,12 @@ class PackedLinear(nn.Module):
 
 
 class PackedEmbedding(nn.Module):
+    def __setattr__(self, key, val):
+        if key == "weight" and isinstance(val, mx.array):
+            _set_float_weight(self, val)
+        else:
+            super().__setattr__(key, val)
+
     def __init__(self, w: PackedWeight):
         super().__init__()
         self.packed = w.packed
@@ -151,6 +185,10 @@ class PackedEmbedding(nn.Module):
     @property
     def weight_spec(self) -> PackedWeight:
         return _weight_spec(self)
+
+    @property
+    def weight(self) -> mx.array:
+        return _float_weight(self)
 
     def _extra_repr(self) -> str:
         qtype, _, n, k = self._spec
@@ -185,6 +223,58 @@ def pack_affine_modules(model: nn.Module) -> tuple[int, int]:
             setattr(module, name, replacement)
             packed += 1
     return packed, left
+
+
+def pack_float_modules(model: nn.Module) -> int:
+    """Replace every plain ``nn.Linear`` / ``nn.Embedding`` of ``model`` whose weight is float (2-D)
+    with its packed stand-in over float32 tiles (``qmatmul.pack_float``), so float models run the
+    same kernel family as quantized ones: one pass over the weights for 1..16 rows, a row's bits
+    independent of the call's width. Subclasses (sharded, LoRA, quantized layers) are left alone.
+    Returns the number of modules packed."""
+    packed = 0
+    for _, module in model.named_modules():
+        for name, child in list(module.children().items()):
+            if type(child) not in (nn.Linear, nn.Embedding):
+                continue
+            weight = child.weight
+            # matrices of the quantized kernels' shapes only (as packable GGUF tensors: inputs a
+            # multiple of 32); the few small ones (gemma3n's AltUp coefficients, which the model
+            # rewrites in place each call) stay MLX's
+            if weight.ndim != 2 or not mx.issubdtype(weight.dtype, mx.floating) or weight.shape[1] % 32 \
+                    or weight.shape[0] < 16:
+                continue
+            w = qmatmul.pack_float(weight)
+            if type(child) is nn.Embedding:
+                replacement = PackedEmbedding(w)
+            else:
+                replacement = PackedLinear(w, bias="bias" in child)
+                if "bias" in child:
+                    replacement.bias = child.bias
+            setattr(module, name, replacement)
+            packed += 1
+    return packed
+
+
+def unpack_float_modules(model: nn.Module) -> int:
+    """The inverse of :func:`pack_float_modules`: each module packed from float weights back to a
+    plain ``nn.Linear`` / ``nn.Embedding`` holding its float32 matrix (a copy of a target's layer
+    that is to load other weights by name, as an MTP drafter's decoder layer). The count."""
+    count = 0
+    for _, module in model.named_modules():
+        for name, child in list(module.children().items()):
+            if not isinstance(child, (PackedLinear, PackedEmbedding)) or child._spec[0] != qmatmul.F32:
+                continue
+            _, _, n, k = child._spec
+            if isinstance(child, PackedEmbedding):
+                plain = nn.Embedding(n, k)
+            else:
+                plain = nn.Linear(k, n, bias="bias" in child)
+                if "bias" in child:
+                    plain.bias = child.bias
+            plain.weight = child.weight
+            setattr(module, name, plain)
+            count += 1
+    return count
 
 
 def install_packed(model: nn.Module, weights: dict[str, PackedWeight]) -> None:

@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 # ggml type ids; the affine ids are the extension's own.
 Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 2, 3, 8, 12, 13, 14
 AFFINE4, AFFINE8 = 104, 108
+F32 = 132  # float32 tiles (qmatmul_src/fkernel.h)
 GGUF_TYPES = {Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
 
 _ext = None
@@ -135,6 +136,13 @@ def pack_affine(weight: mx.array, scales: mx.array, biases: mx.array, bits: int,
     k = int(weight.shape[1]) * 32 // bits
     packed = extension().repack_affine(weight, scales, biases, bits, group, n, k)
     return PackedWeight(packed, AFFINE4 if bits == 4 else AFFINE8, n, k, group)
+
+
+def pack_float(weight: mx.array) -> PackedWeight:
+    """A float matrix ``[n, k]`` (any float dtype, cast to float32) re-laid as float32 tiles
+    (``qmatmul_src/fkernel.h``): the same kernels' family for 1..16 rows, exact per row."""
+    n, k = (int(d) for d in weight.shape)
+    return PackedWeight(extension().repack_float(weight, n, k), F32, n, k)
 
 
 def qmatmul(x: mx.array, w: PackedWeight) -> mx.array:

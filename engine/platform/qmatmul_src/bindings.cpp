@@ -8,6 +8,7 @@
 
 #include "mlx/mlx.h"
 #include "mlx/version.h"
+#include "fkernel.h"
 #include "fused.h"
 #include "ops.h"
 #include "repack.h"
@@ -61,6 +62,17 @@ mx::array repack_affine(const mx::array& w, const mx::array& scales, const mx::a
   return mx::array(p, {int(nbytes)}, mx::uint8, [](void* q) { std::free(q); });
 }
 
+mx::array repack_float(const mx::array& w, int n, int k) {
+  if (w.ndim() != 2 || w.shape(0) != n || w.shape(1) != k)
+    throw std::invalid_argument("float weight does not match the shape");
+  auto wc = host_contiguous(mx::astype(w, mx::float32, mx::Device::cpu));
+  size_t nbytes = mlxcel_q::packed_bytes(mlxcel_q::layout_of(mlxcel_q::F32, 0), n, k);
+  void* p = std::aligned_alloc(64, (nbytes + 63) / 64 * 64);
+  if (!p) throw std::bad_alloc();
+  mlxcel_q::repack_float(wc.data<float>(), n, k, static_cast<float*>(p));
+  return mx::array(p, {int(nbytes)}, mx::uint8, [](void* q) { std::free(q); });
+}
+
 }  // namespace
 
 NB_MODULE(_qmatmul, m) {
@@ -74,6 +86,7 @@ NB_MODULE(_qmatmul, m) {
   m.def("repack_gguf", &repack_gguf, "raw"_a, "type"_a, "n"_a, "k"_a, "GGUF blocks [n, row_bytes] -> packed");
   m.def("repack_affine", &repack_affine, "w"_a, "scales"_a, "biases"_a, "bits"_a, "group"_a, "n"_a, "k"_a,
         "MLX affine (uint32 weight, scales, biases) -> packed");
+  m.def("repack_float", &repack_float, "w"_a, "n"_a, "k"_a, "float W[n, k] (any float dtype) -> packed float32 tiles");
   m.def("swiglu", &mlxcel_q::swiglu, "gate"_a, "x"_a);
   m.def("rms_norm", &mlxcel_q::rms_norm, "x"_a, "weight"_a, "eps"_a);
   m.def("rope", &mlxcel_q::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a, "offset"_a);

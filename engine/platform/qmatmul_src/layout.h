@@ -37,6 +37,7 @@ enum QType : int {
   Q6_K = 14,
   AFFINE4 = 104,
   AFFINE8 = 108,
+  F32 = 132,  // float32 tiles (fkernel.h): one 64-byte unit per input, no blocks
 };
 
 constexpr int TILE = 16;  // output features per tile
@@ -66,6 +67,7 @@ inline Layout layout_of(int type, int group) {
       int per_block = type == AFFINE4 ? 256 : 512;
       return {QType(type), group, 128 + (group / 32) * per_block, group / 32, 0, true, false};
     }
+    case F32: return {F32, 1, 64, 0, 0, false, false};
     default:
       throw std::invalid_argument("unsupported packed type " + std::to_string(type));
   }

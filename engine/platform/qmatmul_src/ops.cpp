@@ -27,6 +27,7 @@
 #include "mlx/backend/cpu/encoder.h"
 #include "repack.h"
 #include "layout.h"
+#include "fkernel.h"
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -246,6 +247,7 @@ std::string best_isa() {
 
 std::string g_isa = best_isa();
 Kernel g_kernel = kernel_for(g_isa);
+FloatKernel g_fkernel = float_kernel_for(g_isa);
 
 // ----------------------------------------------------------------------------- activations
 struct Scratch {
@@ -363,6 +365,16 @@ static XQuant quantized_input(const float* xp, int m, int k, bool strided, const
   return XQuant{sc.q.data(), sc.d.data(), sc.s.data(), sc.ds.data(), k};
 }
 
+// The m rows of x as contiguous floats (gathered into this thread's scratch when strided): what the
+// float kernel reads.
+static const float* float_input(const float* xp, int m, int k, bool strided, const mx::Shape& shape,
+                                const mx::Strides& strides) {
+  static thread_local std::vector<float> gathered;
+  if (!strided) return xp;
+  gather_rows(xp, shape, strides, size_t(m) * k, gathered);
+  return gathered.data();
+}
+
 void check_packed(const mx::array& packed, int type, int group, int n, int k) {
   Layout l = layout_of(type, group);
   if (k % l.group) throw std::invalid_argument("k is not a multiple of the packed type's block");
@@ -401,6 +413,7 @@ void set_isa(const std::string& name) {
   if (!has(want.c_str())) throw std::invalid_argument("ISA not available on this CPU: " + name);
   g_isa = want;
   g_kernel = kernel_for(want);
+  g_fkernel = float_kernel_for(want);
 }
 
 // ----------------------------------------------------------------------------- ops
@@ -461,9 +474,24 @@ void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const bool strided = !x.flags().row_contiguous;
   enc.dispatch([xp = x.data<float>(), wp = w.data<uint8_t>(), op = out.data<float>(), m, type = type_,
                 group = group_, n = n_, k = k_, strided, shape = x.shape(), strides = x.strides()]() {
+    const int tiles = n_tiles(n);
+    if (type == F32) {
+      const float* xf = float_input(xp, m, k, strided, shape, strides);
+      const float* wf = reinterpret_cast<const float*>(wp);
+      FloatKernel fk = g_fkernel;
+      Pool& p = pool();
+      if (std::min(p.threads(), tiles) <= 1 || m * size_t(n) * k < (1u << 16)) {
+        fk(wf, n, k, xf, m, op, 0, tiles);
+        return;
+      }
+      p.run([&](int part, int of) {
+        const int t0 = int(int64_t(tiles) * part / of), t1 = int(int64_t(tiles) * (part + 1) / of);
+        if (t0 < t1) fk(wf, n, k, xf, m, op, t0, t1);
+      });
+      return;
+    }
     const XQuant xq = quantized_input(xp, m, k, strided, shape, strides);
     const Layout l = layout_of(type, group);
-    const int tiles = n_tiles(n);
     Kernel kern = g_kernel;
     Pool& p = pool();
     const int parts = std::min(p.threads(), tiles);
@@ -510,8 +538,13 @@ void QMatmulMulti::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
   const bool strided = !x.flags().row_contiguous;
   enc.dispatch([xp = x.data<float>(), wps = std::move(wps), ops = std::move(ops), m, types = types_,
                 groups = groups_, ns = ns_, k = k_, strided, shape = x.shape(), strides = x.strides()]() {
-    const XQuant xq = quantized_input(xp, m, k, strided, shape, strides);
     const size_t count = ns.size();
+    // float32 members read x as it is; x is quantized only when some member is quantized
+    const bool any_q = std::any_of(types.begin(), types.end(), [](int t) { return t != F32; });
+    const bool any_f = std::any_of(types.begin(), types.end(), [](int t) { return t == F32; });
+    const XQuant xq = any_q ? quantized_input(xp, m, k, strided, shape, strides) : XQuant{};
+    const float* xf = any_f ? float_input(xp, m, k, strided, shape, strides) : nullptr;
+    FloatKernel fk = g_fkernel;
     // The matrices' tiles numbered one after another; each thread takes one contiguous range.
     std::vector<int> first(count + 1, 0);
     size_t work = 0;
@@ -524,7 +557,8 @@ void QMatmulMulti::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
     auto span = [&](int t0, int t1) {
       for (size_t i = 0; i < count; ++i) {
         const int a = std::max(t0, first[i]) - first[i], b = std::min(t1, first[i + 1]) - first[i];
-        if (a < b) kern(layout_of(types[i], groups[i]), wps[i], ns[i], k, xq, m, ops[i], a, b);
+        if (a < b && types[i] == F32) fk(reinterpret_cast<const float*>(wps[i]), ns[i], k, xf, m, ops[i], a, b);
+        else if (a < b) kern(layout_of(types[i], groups[i]), wps[i], ns[i], k, xq, m, ops[i], a, b);
       }
     };
     Pool& p = pool();
@@ -566,7 +600,8 @@ void DequantRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out)
   enc.set_output_array(out);
   enc.dispatch([ip = ids.data<int32_t>(), count = int(ids.size()), wp = w.data<uint8_t>(), op = out.data<float>(),
                 type = type_, group = group_, n = n_, k = k_]() {
-    dequantize_rows(layout_of(type, group), wp, n, k, ip, count, op);
+    if (type == F32) float_rows(reinterpret_cast<const float*>(wp), n, k, ip, count, op);
+    else dequantize_rows(layout_of(type, group), wp, n, k, ip, count, op);
   });
 }
 

@@ -28,6 +28,15 @@ def q8(tiny_llama_dir, checkpoints_root):
                                            tiny_gguf.uniform(Q.Q8_0)))
 
 
+@pytest.fixture(scope="module")
+def unfused(tiny_llama_dir):
+    # the float checkpoint on MLX's own matmul and attention (the float kernel off): the masked,
+    # padded path of the ragged forward
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLXCEL_FLOAT_KERNEL", "0")
+        return load_model(tiny_llama_dir)
+
+
 def prefilled(lm, context):
     cache = lm.make_cache()
     lm.model(mx.array([context]), cache=cache)
@@ -50,17 +59,19 @@ def step(batch, blocks):
     return logits, plan
 
 
-def test_each_row_of_a_ragged_forward_is_bitwise_what_it_is_alone(q8):
-    together, plan = step(batch_of(q8, [0, 1, 2]), BLOCKS)
+@pytest.mark.parametrize("which", ["q8", "float"])
+def test_each_row_of_a_ragged_forward_is_bitwise_what_it_is_alone(which, q8, tiny_llama):
+    lm = q8 if which == "q8" else tiny_llama  # float: float32 tiles, exact per row too
+    together, plan = step(batch_of(lm, [0, 1, 2]), BLOCKS)
     assert plan.width == 4 and plan.n_tokens == 8 and plan.positions == [5, 17, 9]
     for i, block in enumerate(BLOCKS):
-        alone, _ = step(batch_of(q8, [i]), [block])
+        alone, _ = step(batch_of(lm, [i]), [block])
         assert alone[0].shape[0] == len(block)
         assert mx.array_equal(alone[0], together[i]).item(), i
 
 
-def test_rows_keep_or_drop_their_own_tails(q8, tiny_llama):
-    for lm, exact in ((q8, True), (tiny_llama, False)):
+def test_rows_keep_or_drop_their_own_tails(q8, tiny_llama, unfused):
+    for lm, exact in ((q8, True), (tiny_llama, True), (unfused, False)):
         batch = batch_of(lm, [0, 1, 2])
         step(batch, BLOCKS)
         batch.rewind(1, 3)  # row 1 keeps one of its four, the others keep all
@@ -93,8 +104,9 @@ def test_a_plan_must_name_every_row_in_order(q8):
         batch.rewind(0, 100)
 
 
-def test_the_fused_ragged_attention_is_what_the_packed_model_runs(q8, tiny_llama):
-    assert runs_fused(q8.model) and not runs_fused(tiny_llama.model)
+def test_the_fused_ragged_attention_is_what_the_packed_model_runs(q8, tiny_llama, unfused):
+    # a float checkpoint runs packed too (float32 tiles) unless the float kernel is off
+    assert runs_fused(q8.model) and runs_fused(tiny_llama.model) and not runs_fused(unfused.model)
 
 
 @pytest.mark.parametrize("beside", [True, False])

@@ -11,7 +11,7 @@ from mlx.utils import tree_flatten
 
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.loading import default_model_path, load_model
-from mlxcel.engine.platform import qmatmul
+from mlxcel.engine.platform import device, qmatmul
 
 
 @pytest.mark.parametrize("fixture", ["tiny_llama", "tiny_qwen"])
@@ -22,8 +22,13 @@ def test_directory_checkpoint_loads_and_runs(fixture, request):
     logits = loaded.model(mx.array([ids]))
     assert logits.shape == (1, len(ids), loaded.vocab_size)
     assert bool(mx.all(mx.isfinite(logits)).item())
-    # On this CPU every weight runs in float32 (engine/platform/device.py).
-    assert {v.dtype for _, v in tree_flatten(loaded.model.parameters())} == {mx.float32}
+    # On this CPU every weight runs in float32 (engine/platform/device.py): the matrices as the
+    # kernels' float32 tiles (uint8 arrays of packed type F32) where the kernels are built.
+    params = tree_flatten(loaded.model.parameters())
+    assert {v.dtype for n, v in params if not n.endswith(".packed")} == {mx.float32}
+    packed = [m for _, m in loaded.model.named_modules() if hasattr(m, "_spec")]
+    assert all(m._spec[0] == qmatmul.F32 for m in packed)
+    assert bool(packed) == device.float_kernels()
 
 
 def test_chat_template_and_eos(tiny_llama):
@@ -56,7 +61,9 @@ def test_quantized_directory_on_cpu(tiny_llama_dir, tmp_path, weights, monkeypat
     loaded = load_model(out)
     names = [n for n, _ in tree_flatten(loaded.model.parameters())]
     assert not any(n.endswith(".scales") for n in names)
-    assert any(n.endswith(".packed") for n in names) == (weights == "default")
+    # dequantized to float32, the layers run as the float kernel's tiles (type F32) where it is on
+    kinds = {m._spec[0] for _, m in loaded.model.named_modules() if hasattr(m, "_spec")}
+    assert bool(kinds - {qmatmul.F32}) == (weights == "default")
     ids = loaded.tokenizer.encode("def add(a, b):")
     ref = qmodel(mx.array([ids]))[0, -1]
     got = loaded.model(mx.array([ids]))[0, -1]
