@@ -480,12 +480,11 @@ void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       const float* wf = reinterpret_cast<const float*>(wp);
       FloatKernel fk = g_fkernel;
       Pool& p = pool();
-      if (std::min(p.threads(), tiles) <= 1 || m * size_t(n) * k < (1u << 16)) {
+      if (std::min(p.threads(), tiles) <= 1) {
         fk(wf, n, k, xf, m, op, 0, tiles);
         return;
       }
-      p.run([&](int part, int of) {
-        const int t0 = int(int64_t(tiles) * part / of), t1 = int(int64_t(tiles) * (part + 1) / of);
+      p.run(tiles, m * size_t(n) * k, [&](int t0, int t1) {
         if (t0 < t1) fk(wf, n, k, xf, m, op, t0, t1);
       });
       return;
