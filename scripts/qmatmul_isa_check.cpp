@@ -1,9 +1,10 @@
-// Standalone check of one ISA kernel against the portable one (bitwise), no MLX needed; scripts/qmatmul_isa_check.sh builds it for arm64 and runs it under qemu.
+// Standalone check of one ISA kernel (quantized and float32 tiles) against the portable one (bitwise), no MLX needed; scripts/qmatmul_isa_check.sh builds it for arm64 and runs it under qemu.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
+#include "fkernel.h"
 #include "layout.h"
 #include "repack.h"
 using namespace mlxcel_q;
@@ -44,6 +45,22 @@ int main() {
       if (!same) { bad++; printf("type %d m %d: differs (a %g b %g)\n", t.type, m, a[0], b[0]); }
     }
   }
-  printf("%s\n", bad ? "FAIL" : "neon == scalar bitwise for every type and width");
+  // float32 tiles (fkernel.h): a matrix whose last tile is partial, 1..13 rows
+  {
+    int fn = 45, fk = 96;
+    std::normal_distribution<float> nd(0.f, 1.f);
+    std::vector<float> w(size_t(fn) * fk), packed(size_t(fn + 15) / 16 * 16 * fk);
+    for (auto& v : w) v = nd(rng);
+    repack_float(w.data(), fn, fk, packed.data());
+    for (int m = 1; m <= 13; ++m) {
+      std::vector<float> x(size_t(m) * fk), a(size_t(m) * fn), b(size_t(m) * fn);
+      for (auto& v : x) v = nd(rng);
+      int tiles = (fn + 15) / 16;
+      scalar::fmatmul(packed.data(), fn, fk, x.data(), m, a.data(), 0, tiles);
+      neon::fmatmul(packed.data(), fn, fk, x.data(), m, b.data(), 0, tiles);
+      if (std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) != 0) { bad++; printf("float m %d: differs\n", m); }
+    }
+  }
+  printf("%s\n", bad ? "FAIL" : "neon == scalar bitwise for every type and width, float32 tiles included");
   return bad != 0;
 }
