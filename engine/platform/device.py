@@ -205,10 +205,12 @@ def _off(name: str) -> bool:
 
 
 # Families whose float models (weights in float32 tiles) also take the fused ops, shared inputs and
-# lean blocks: the plain decoder blocks the ragged step runs flat. On others (hybrids, MoE, gemma)
-# a float model keeps MLX's norms, rope and attention beside the float kernel: with the fused ops
-# Qwen3-Next's block cut-back (tests/engine/decode/test_recurrent.py) is no longer bit-exact.
-FUSED_FLOAT_TYPES = {"llama", "mistral", "qwen2"}
+# lean blocks: the plain decoder blocks the ragged step runs flat, and the hybrids whose block
+# cut-back tests/engine/decode/test_recurrent.py checks bit for bit with them (Qwen3-Next's was not
+# exact until fuse_layers took its 1-output shared-expert gate off OpenBLAS: RowwiseLinear). On
+# others (MoE, gemma, ...) a float model keeps MLX's norms, rope and attention beside the float
+# kernel: not checked there.
+FUSED_FLOAT_TYPES = {"llama", "mistral", "qwen2", "qwen3_next", "qwen3_5", "lfm2"}
 
 
 def prepare_for_decode(model) -> None:

@@ -16,7 +16,13 @@ embedding (its fallback graph: arange, cos, sin, slices, products, a concatenati
   (``restore_attention`` undoes it);
 * the model module's ``swiglu`` (``silu(gate) * up``, an ``mx.compile`` of MLX's element-wise ops,
   whose CPU code evaluates ``exp`` one lane at a time) -> one vectorized primitive, patched the
-  same way.
+  same way;
+* a float ``nn.Linear`` with fewer than 16 outputs (the ones ``packed_modules.pack_float_modules``
+  leaves to MLX: Qwen3-Next's shared-expert gate, 1 output; small routers) -> :class:`RowwiseLinear`.
+  MLX's CPU matmul hands it to OpenBLAS, whose narrow-output paths (1 to 3 columns: a
+  matrix-vector product over the rows) round a row differently with the number of rows: a
+  5-token verify forward and a 2-token forward of the same tokens then disagree in the last bits
+  (tests/engine/platform/test_fused_layers.py).
 
 Each computes a row (token) with the same code whatever the number of rows, as the matmul
 kernel does, so a block forward gives the same bits as one-token forwards and the exactness
@@ -62,6 +68,35 @@ class FusedRoPE(nn.Module):
                             offset=offset)
 
 
+# Output widths below this stay on MLX's matmul after packing (``pack_float_modules``).
+NARROW_OUTPUTS = 16
+
+
+class RowwiseLinear(nn.Module):
+    """``x @ weight.T (+ bias)`` for a handful of outputs as a broadcast product and a last-axis sum:
+    each output is one contiguous reduction of one row, by the same code whatever the number of
+    rows (a matmul of this shape goes to OpenBLAS, which is not: module docstring)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.weight = linear.weight
+        if "bias" in linear:
+            self.bias = linear.bias
+
+    def _extra_repr(self) -> str:
+        return f"input_dims={self.weight.shape[1]}, output_dims={self.weight.shape[0]}, rowwise"
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = (mx.expand_dims(x, -2) * self.weight).sum(axis=-1)
+        return y + self.bias if "bias" in self else y
+
+
+def _narrow_float(child) -> bool:
+    w = getattr(child, "weight", None)
+    return type(child) is nn.Linear and w is not None and w.ndim == 2 and w.dtype == mx.float32 \
+        and w.shape[0] < NARROW_OUTPUTS
+
+
 _originals: dict[tuple[str, str], object] = {}
 
 
@@ -97,8 +132,9 @@ def _patch(mod, name: str, wrap) -> bool:
 
 
 def fuse_layers(model: nn.Module) -> dict[str, int]:
-    """Swap the norms, ropes, attention and SwiGLU of ``model`` (an mlx-lm model); counts of each."""
-    counts = {"rms_norm": 0, "rope": 0, "attention": 0, "swiglu": 0}
+    """Swap the norms, ropes, attention, SwiGLU and narrow float linears of ``model`` (an mlx-lm
+    model); counts of each."""
+    counts = {"rms_norm": 0, "rope": 0, "attention": 0, "swiglu": 0, "rowwise_linear": 0}
     for _, module in model.named_modules():
         for name, child in list(module.children().items()):
             if type(child) is nn.RMSNorm:
@@ -107,6 +143,9 @@ def fuse_layers(model: nn.Module) -> dict[str, int]:
             elif type(child) is nn.RoPE:
                 setattr(module, name, FusedRoPE(child))
                 counts["rope"] += 1
+            elif _narrow_float(child):
+                setattr(module, name, RowwiseLinear(child))
+                counts["rowwise_linear"] += 1
     # mlx-lm's model modules import scaled_dot_product_attention (models.base) and swiglu
     # (models.activations) by name.
     for cls in {type(m) for _, m in model.named_modules()}:

@@ -100,6 +100,15 @@ def set_threads(n: int) -> bool:
     return True
 
 
+def set_thread_split(grain_macs: int, wake_macs: int) -> tuple[int, int]:
+    """How calls are split among the kernel threads: about ``grain_macs`` multiply-adds per piece
+    that a thread claims, and calls under ``wake_macs`` run on the calling thread alone while the
+    workers sleep (``qmatmul_src/ops.cpp``). Returns the previous pair; ``(1, 0)`` splits every
+    call as finely as it goes (the tests)."""
+    before = extension().set_thread_split(int(grain_macs), int(wake_macs))
+    return int(before[0]), int(before[1])
+
+
 @dataclass
 class PackedWeight:
     """A matrix W[n, k] in the extension's packed layout."""

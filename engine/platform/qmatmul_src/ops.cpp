@@ -8,11 +8,20 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
+
+#if defined(__linux__)
+#include <pthread.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
@@ -36,81 +45,156 @@ namespace mlxcel_q {
 namespace {
 
 // ----------------------------------------------------------------------------- threads
-// Workers spin briefly after a call (the next matmul of a step usually follows within tens of
-// microseconds), then sleep on a condition variable, so an idle server costs nothing.
+// A call's tiles are cut into grains (about MLXCEL_GRAIN_MACS multiply-adds each, at most 8 per
+// thread) that the calling thread and the workers claim one at a time from a counter tagged with
+// the call's generation. The caller never waits for a worker that has not come yet: it takes the
+// grains itself, and a late worker finds none left; it waits only for grains a worker is computing.
+// Which thread computes a grain does not change its bits (a row's operations depend on neither).
+//
+// On this kind of box (a VM, 2 cores) waking a sleeping thread costs the caller ~11 us and the
+// sleeper ~40 us (p90 ms under load), longer than most of a decode step's products (~35 us), so
+// workers spin between calls, yielding every MLXCEL_YIELD pauses (the MLX graph-building thread
+// and other processes share the cores), and sleep on a futex (std::atomic::wait) only after
+// MLXCEL_SPIN_US without a call. A call under MLXCEL_WAKE_MACS does not wake sleeping workers
+// (it runs on the caller alone); a larger one (a step's output head) does, and they then spin
+// through the next step's small products. Workers run at nice 19 (MLXCEL_KERNEL_WORKERS=nice, the
+// default; =idle: SCHED_IDLE; =normal: as the caller), so that they take a core only when the MLX
+// threads (the graph build of the next step) and other processes leave it: a busy box then gets
+// one thread's speed, not less (the caller takes the grains), an idle core the second share.
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v && *v ? std::atoi(v) : fallback;
+}
+
+std::atomic<size_t> g_grain_macs{size_t(std::max(1, env_int("MLXCEL_GRAIN_MACS", 1 << 17)))};
+std::atomic<size_t> g_wake_macs{size_t(std::max(0, env_int("MLXCEL_WAKE_MACS", 1 << 20)))};
+
 class Pool {
  public:
   explicit Pool(int threads) : threads_(std::max(1, threads)) {
-    const char* spin = std::getenv("MLXCEL_SPIN_US");
-    spin_us_ = spin ? std::atoi(spin) : 200;
-    for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { loop(i); });
+    spin_us_ = env_int("MLXCEL_SPIN_US", 1000);
+    yield_every_ = env_int("MLXCEL_YIELD", 64);
+    const char* policy = std::getenv("MLXCEL_KERNEL_WORKERS");
+    policy_ = !policy || !std::strcmp(policy, "nice") ? 2 : !std::strcmp(policy, "idle") ? 1 : 0;
+    stats_ = env_int("MLXCEL_POOL_STATS", 0) != 0;
+    for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { loop(); });
   }
   ~Pool() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      stop_ = true;
-      gen_.fetch_add(1);
-    }
-    cv_.notify_all();
+    if (stats_)
+      std::fprintf(stderr, "pool: %ld calls split, %ld grains, caller took %ld, waited %.0f us, %ld waits > 50 us\n",
+                   st_calls_, st_grains_, st_mine_, st_wait_us_, st_long_);
+    if (stats_)
+      std::fprintf(stderr, "pool workers: %ld sleeps, %ld jobs seen, %ld grains\n", st_sleeps_.load(), st_wjobs_.load(),
+                   st_wgrains_.load());
+    stop_.store(true);
+    word_.fetch_add(uint64_t(1) << 32);  // a new generation with no grains: wakes the spinners
+    wake_.fetch_add(1);
+    wake_.notify_all();
     for (auto& t : workers_) t.join();
   }
   int threads() const { return threads_; }
 
-  // fn(part, parts) for part = 0 .. threads-1; returns when all are done.
-  void run(const std::function<void(int, int)>& fn) {
-    if (threads_ == 1) {
-      fn(0, 1);
+  // fn(u0, u1) over [0, units) (macs multiply-adds in all) cut into grains; returns when every
+  // grain is done.
+  void run(int units, size_t macs, const std::function<void(int, int)>& fn) {
+    const int grains = int(std::min<size_t>({size_t(units), size_t(threads_) * 8,
+                                             macs / g_grain_macs.load(std::memory_order_relaxed)}));
+    if (threads_ == 1 || grains <= 1 ||
+        (macs < g_wake_macs.load(std::memory_order_relaxed) &&
+         sleeping_.load(std::memory_order_relaxed) == threads_ - 1)) {
+      fn(0, units);
       return;
     }
-    job_ = &fn;
+    job_.store(&fn, std::memory_order_relaxed);
+    units_.store(units, std::memory_order_relaxed);
+    grains_.store(grains, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      gen_.fetch_add(1, std::memory_order_release);
+    const uint64_t gen = (word_.load(std::memory_order_relaxed) >> 32) + 1;
+    word_.store(gen << 32, std::memory_order_seq_cst);
+    if (sleeping_.load(std::memory_order_seq_cst) > 0) {
+      wake_.fetch_add(1, std::memory_order_seq_cst);
+      wake_.notify_all();
     }
-    cv_.notify_all();
-    fn(0, threads_);
-    // Spin briefly, then yield: on oversubscribed cores a worker may be descheduled, and a caller
-    // spinning through its time slice would only keep it off the core (2 threads on two loaded
-    // cores decoded at a tenth of one thread's speed before).
-    for (int spins = 0; done_.load(std::memory_order_acquire) != threads_ - 1; ++spins) {
+    const int mine = work(gen);
+    const auto w0 = stats_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    // What is left is grains a worker claimed and is computing: spin briefly, then yield (on
+    // oversubscribed cores a worker may be descheduled mid-grain).
+    for (int spins = 0; done_.load(std::memory_order_acquire) != grains; ++spins) {
       if (spins < 4096) MLXCEL_PAUSE();
       else std::this_thread::yield();
+    }
+    if (stats_) {
+      const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - w0).count();
+      st_calls_++, st_grains_ += grains, st_mine_ += mine, st_wait_us_ += us, st_long_ += us > 50;
     }
   }
 
  private:
-  void loop(int index) {
+  // Claims and computes grains of generation gen until none is left; returns how many it took.
+  int work(uint64_t gen) {
+    int claimed = 0;
+    uint64_t w = word_.load(std::memory_order_acquire);
+    while ((w >> 32) == gen) {
+      const int g = int(w & 0xffffffffu);
+      const int grains = grains_.load(std::memory_order_relaxed);
+      if (g >= grains) break;
+      if (!word_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+      // Claimed: the call cannot return before this grain is done, so its job is still this one.
+      const int units = units_.load(std::memory_order_relaxed);
+      (*job_.load(std::memory_order_relaxed))(int(int64_t(units) * g / grains), int(int64_t(units) * (g + 1) / grains));
+      done_.fetch_add(1, std::memory_order_release);
+      ++claimed;
+      w = word_.load(std::memory_order_acquire);
+    }
+    return claimed;
+  }
+
+  void loop() {
+#if defined(__linux__)
+    if (policy_ == 1) {
+      sched_param sp{};
+      pthread_setschedparam(pthread_self(), SCHED_IDLE, &sp);
+    } else if (policy_ == 2) {
+      setpriority(PRIO_PROCESS, pid_t(syscall(SYS_gettid)), 19);
+    }
+#endif
     uint64_t seen = 0;  // the generation at construction: a job posted before this thread ran is not missed
     while (true) {
+      uint64_t gen = word_.load(std::memory_order_acquire) >> 32;
       auto start = std::chrono::steady_clock::now();
-      int spins = 0;
-      while (gen_.load(std::memory_order_acquire) == seen) {
+      for (int spins = 1; gen == seen; ++spins) {
         MLXCEL_PAUSE();
-        if (++spins % 256 == 0) std::this_thread::yield();
-        if (spins % 256 == 0 &&
-            std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us_)) {
-          std::unique_lock<std::mutex> lk(mu_);
-          cv_.wait(lk, [&] { return gen_.load() != seen; });
-          break;
+        if (yield_every_ > 0 && spins % yield_every_ == 0) std::this_thread::yield();
+        if (spins % 64 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(spin_us_)) {
+          const uint32_t v = wake_.load(std::memory_order_seq_cst);
+          sleeping_.fetch_add(1, std::memory_order_seq_cst);
+          if ((word_.load(std::memory_order_seq_cst) >> 32) == seen) wake_.wait(v, std::memory_order_seq_cst);
+          if (stats_) st_sleeps_.fetch_add(1, std::memory_order_relaxed);
+          sleeping_.fetch_sub(1, std::memory_order_seq_cst);
+          start = std::chrono::steady_clock::now();
         }
+        gen = word_.load(std::memory_order_acquire) >> 32;
       }
-      seen = gen_.load(std::memory_order_acquire);
-      if (stop_) return;
-      (*job_)(index, threads_);
-      done_.fetch_add(1, std::memory_order_release);
+      if (stop_.load()) return;
+      seen = gen;
+      const int took = work(gen);
+      if (stats_) st_wjobs_.fetch_add(1, std::memory_order_relaxed), st_wgrains_.fetch_add(took, std::memory_order_relaxed);
     }
   }
 
   int threads_;
-  int spin_us_;
+  int spin_us_, yield_every_, policy_;
+  bool stats_;
   std::vector<std::thread> workers_;
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<int> done_{0};
-  const std::function<void(int, int)>* job_ = nullptr;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;
+  std::atomic<uint64_t> word_{0};  // generation << 32 | next grain to claim
+  std::atomic<int> done_{0}, units_{0}, grains_{0};
+  std::atomic<const std::function<void(int, int)>*> job_{nullptr};
+  std::atomic<int> sleeping_{0};
+  std::atomic<uint32_t> wake_{0};
+  std::atomic<bool> stop_{false};
+  long st_calls_ = 0, st_grains_ = 0, st_mine_ = 0, st_long_ = 0;
+  double st_wait_us_ = 0;
+  std::atomic<long> st_sleeps_{0}, st_wjobs_{0}, st_wgrains_{0};
 };
 
 std::mutex g_config_mu;
@@ -301,6 +385,13 @@ void check_packed(const mx::array& packed, int type, int group, int n, int k) {
 }  // namespace
 
 // ----------------------------------------------------------------------------- configuration
+std::vector<size_t> set_thread_split(size_t grain_macs, size_t wake_macs) {
+  std::vector<size_t> before{g_grain_macs.load(), g_wake_macs.load()};
+  g_grain_macs.store(std::max<size_t>(1, grain_macs));
+  g_wake_macs.store(wake_macs);
+  return before;
+}
+
 void set_num_threads(int n) {
   std::lock_guard<std::mutex> g(g_config_mu);
   g_threads = std::max(1, n);
@@ -389,12 +480,11 @@ void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       const float* wf = reinterpret_cast<const float*>(wp);
       FloatKernel fk = g_fkernel;
       Pool& p = pool();
-      if (std::min(p.threads(), tiles) <= 1 || m * size_t(n) * k < (1u << 16)) {
+      if (std::min(p.threads(), tiles) <= 1) {
         fk(wf, n, k, xf, m, op, 0, tiles);
         return;
       }
-      p.run([&](int part, int of) {
-        const int t0 = int(int64_t(tiles) * part / of), t1 = int(int64_t(tiles) * (part + 1) / of);
+      p.run(tiles, m * size_t(n) * k, [&](int t0, int t1) {
         if (t0 < t1) fk(wf, n, k, xf, m, op, t0, t1);
       });
       return;
@@ -404,12 +494,11 @@ void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     Kernel kern = g_kernel;
     Pool& p = pool();
     const int parts = std::min(p.threads(), tiles);
-    if (parts <= 1 || m * size_t(n) * k < (1u << 16)) {
+    if (parts <= 1) {
       kern(l, wp, n, k, xq, m, op, 0, tiles);
       return;
     }
-    p.run([&](int part, int of) {
-      const int t0 = int(int64_t(tiles) * part / of), t1 = int(int64_t(tiles) * (part + 1) / of);
+    p.run(tiles, m * size_t(n) * k, [&](int t0, int t1) {
       if (t0 < t1) kern(l, wp, n, k, xq, m, op, t0, t1);
     });
   });
@@ -473,13 +562,11 @@ void QMatmulMulti::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
     };
     Pool& p = pool();
     const int parts = std::min(p.threads(), tiles);
-    if (parts <= 1 || work < (1u << 16)) {
+    if (parts <= 1) {
       span(0, tiles);
       return;
     }
-    p.run([&](int part, int of) {
-      span(int(int64_t(tiles) * part / of), int(int64_t(tiles) * (part + 1) / of));
-    });
+    p.run(tiles, work, span);
   });
 }
 

@@ -21,6 +21,10 @@ std::vector<mx::array> qmatmul_multi(const mx::array& x, const std::vector<mx::a
 mx::array dequant_rows(const mx::array& ids, const mx::array& packed, int type, int group, int n, int k);
 
 void set_num_threads(int n);
+// Multiply-adds per grain of a split call, and the size under which a call does not wake sleeping
+// workers (defaults MLXCEL_GRAIN_MACS / MLXCEL_WAKE_MACS); returns the previous pair. The tests
+// split every call.
+std::vector<size_t> set_thread_split(size_t grain_macs, size_t wake_macs);
 int num_threads();
 // "avx512_vnni", "avx2", "neon" or "scalar": the kernel in use; set_isa("auto") picks the best present.
 std::string isa();

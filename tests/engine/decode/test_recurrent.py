@@ -8,6 +8,9 @@
 * without a tape, or past what the forward fed, the rewind is refused and nothing changes;
 * a target whose state a round cannot restore is reported (Falcon-H1's combined per-layer caches);
 * a drafter's ``StateMarks`` go back to any marked length.
+
+On a CPU with the float32 tiles the hybrids take the fused ops (``device.FUSED_FLOAT_TYPES``), so
+the cut-back is checked with them.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from mlxcel.engine.decode.kv_cache import can_rewind, read_keys_values, rewind
 from mlxcel.engine.decode.recurrent import REPLAY, StateMarks, StateTape, unsupported_reason
 from mlxcel.engine.errors import CacheRewindError
 from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.platform import device
+from mlxcel.engine.platform.fused_layers import FusedRMSNorm, RowwiseLinear
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11]
 BLOCK = [12, 13, 14, 15, 16]
@@ -69,6 +74,20 @@ def test_a_captured_block_cuts_back_to_what_the_kept_tokens_leave(hybrid, arch):
             assert mx.array_equal(a, b).item(), (arch, kept)
         after = lm.model(mx.array([[20, 21]]), cache=cache)
         assert mx.array_equal(after, lm.model(mx.array([[20, 21]]), cache=fresh(lm, kept))).item()
+
+
+def test_on_the_cpu_kernels_the_hybrids_run_the_fused_ops(hybrid):
+    """So the cut-back above is checked with what a CPU target decodes with: the fused norms, and
+    Qwen3-Next's 1-output shared-expert gate (and its 4-way router here) off OpenBLAS, whose
+    narrow products round a row differently with the forward's width (fused_layers.RowwiseLinear;
+    without it the Qwen3-Next case above fails)."""
+    if not device.float_kernels():
+        pytest.skip("no float32 tiles here: the hybrids keep MLX's ops")
+    for arch, lm in hybrid.items():
+        kinds = {type(m) for _, m in lm.model.named_modules()}
+        assert FusedRMSNorm in kinds, arch
+    gate = hybrid["qwen3_next"].model.model.layers[0].mlp.shared_expert_gate
+    assert type(gate) is RowwiseLinear
 
 
 @pytest.mark.parametrize("arch", ["qwen3_5", "lfm2"])

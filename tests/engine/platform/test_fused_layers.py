@@ -14,7 +14,13 @@ from gguf import GGMLQuantizationType as Q
 
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.platform import qmatmul
-from mlxcel.engine.platform.fused_layers import FusedRMSNorm, FusedRoPE, fuse_layers, restore_attention
+from mlxcel.engine.platform.fused_layers import (
+    FusedRMSNorm,
+    FusedRoPE,
+    RowwiseLinear,
+    fuse_layers,
+    restore_attention,
+)
 from mlxcel.engine.speculative.exactness_probe import probe
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="the CPU kernels are not built here")
@@ -52,6 +58,42 @@ def test_ops_match_mlx():
     kt = mx.swapaxes(mx.swapaxes(k, 1, 2), 1, 2)  # a strided view, as a cache slice is
     assert close(ext.attention(q, kt, v, 0.125, True), mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125,
                                                                                             mask="causal"))
+
+
+class _Heads(nn.Module):
+    def __init__(self, k: int):
+        super().__init__()
+        self.one = nn.Linear(k, 1, bias=False)  # Qwen3-Next's shared-expert gate
+        self.three = nn.Linear(k, 3)
+        self.wide = nn.Linear(k, 64)  # packed at load (float32 tiles), not swapped
+
+    def __call__(self, x):
+        return [self.one(x), self.three(x)]
+
+
+def width_dependent_rows(module, x) -> list[int]:
+    """Widths w in 2..8 at which a forward of x's first w rows differs (bitwise) from those rows of
+    the 8-row forward."""
+    full = module(x)
+    return [w for w in range(2, 9)
+            if not all(mx.array_equal(a[:, :w], b).item() for a, b in zip(full, module(x[:, :w]), strict=True))]
+
+
+def test_narrow_float_linears_give_a_row_the_same_bits_at_any_width():
+    """A float linear with a few outputs stays on MLX's matmul (``pack_float_modules`` leaves it),
+    which OpenBLAS answers with rounding that depends on the number of rows (under
+    ``scripts/with-blas``: widths 2, 3 and more differ here); ``fuse_layers`` swaps it for one that
+    does not (zero tolerance), leaves a wide one alone, and computes the same function."""
+    for k in (64, 576, 2048):
+        heads = _Heads(k)
+        x = mx.random.normal((1, 8, k), key=mx.random.key(k))
+        plain = heads(x)
+        assert fuse_layers(heads)["rowwise_linear"] == 2
+        assert type(heads.one) is RowwiseLinear and type(heads.three) is RowwiseLinear
+        assert type(heads.wide) is nn.Linear
+        assert width_dependent_rows(heads, x) == [], k
+        for a, b in zip(heads(x), plain, strict=True):
+            assert close(a, b)
 
 
 @pytest.fixture(scope="module")

@@ -54,7 +54,9 @@ def isas() -> list[str]:
 def each_isa():
     ext = qmatmul.extension()
     before = ext.isa()
+    split = qmatmul.set_thread_split(1, 0)  # every call split among the threads, as finely as it goes
     yield ext
+    qmatmul.set_thread_split(*split)
     ext.set_isa(before)
 
 
@@ -109,8 +111,9 @@ def test_mlx_affine(bits, group, dtype, each_isa):
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda t: t.name)
 def test_width_and_threads_do_not_change_a_row(qtype, k, each_isa):
     """Row r of an m-row product is bitwise the one-row product of row r, for m = 1..16 and a
-    prefill width, at one and two threads, on every ISA (on AVX-512 the K-quants take chunks of
-    8 rows, the 32-value block types chunks of 4)."""
+    prefill width, at one to three threads (pieces of a call claimed by whichever thread comes
+    first; three threads on two cores are descheduled mid-call), on every ISA (on AVX-512 the
+    K-quants take chunks of 8 rows, the 32-value block types chunks of 4)."""
     n = 70
     w = qmatmul.pack_gguf(random_blocks(qtype, n, k, seed=7), int(qtype), n, k)
     x = mx.array(np.random.default_rng(2).standard_normal((40, k)).astype(np.float32))
@@ -120,7 +123,7 @@ def test_width_and_threads_do_not_change_a_row(qtype, k, each_isa):
             each_isa.set_isa(isa)
             each_isa.set_num_threads(1)
             single = mx.concatenate([qmatmul.qmatmul(x[i:i + 1], w) for i in range(40)])
-            for t in (1, 2):
+            for t in (1, 2, 3):
                 each_isa.set_num_threads(t)
                 for m in (*range(2, 17), 40):
                     assert mx.array_equal(qmatmul.qmatmul(x[:m], w), single[:m]), (isa, t, m)

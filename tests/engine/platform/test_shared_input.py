@@ -24,7 +24,9 @@ pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="the CPU kernels
 def ext():
     e = qmatmul.extension()
     isa, threads = e.isa(), e.num_threads()
+    split = qmatmul.set_thread_split(1, 0)  # every call split among the threads, as finely as it goes
     yield e
+    qmatmul.set_thread_split(*split)
     e.set_isa(isa)
     e.set_num_threads(threads)
 
