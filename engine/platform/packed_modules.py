@@ -102,60 +102,56 @@ def share_inputs(model: nn.Module) -> int:
     return groups
 
 
-def _weight_spec(module: nn.Module) -> PackedWeight:
-    """The module's ``PackedWeight``, made once and again only when its ``packed`` array has been
-    replaced (``load_weights``); every projection call asks for it."""
-    packed = module["packed"]
-    w = module._weight
-    if w is None or w.packed is not packed:
-        qtype, group, n, k = module._spec
-        w = module._weight = PackedWeight(packed, qtype, n, k, group)
-    return w
+class _PackedModule(nn.Module):
+    """What a packed linear and a packed embedding share: the ``packed`` array and its spec, the
+    ``PackedWeight`` made from them, and, for a module packed from float weights
+    (``pack_float_modules``), a ``weight`` to read and to set as a plain layer has."""
 
-
-def _set_float_weight(module: nn.Module, value: mx.array) -> None:
-    """``module.weight = W`` on a module packed from float weights: W re-laid in its place (a
-    model or a test that edits a layer's matrix after loading)."""
-    w = qmatmul.pack_float(value)
-    module.packed = w.packed
-    module._spec = (w.qtype, w.group, w.n, w.k)
-
-
-def _float_weight(module: nn.Module) -> mx.array:
-    """The ``[n, k]`` float32 matrix of a module packed from float weights (``pack_float_modules``),
-    for the few callers that read ``.weight`` rather than calling the layer (a reranker's rows, a
-    drafter sharing the target's embedding table); a copy made on each access. Quantized packed
-    modules have no ``weight``."""
-    if module._spec[0] != qmatmul.F32:
-        raise AttributeError(f"{type(module).__name__} of packed type {module._spec[0]} has no float weight")
-    return qmatmul.dequantize(module.weight_spec)
-
-
-class PackedLinear(nn.Module):
-    _shared: SharedInput | None = None  # set by share_inputs
-    _shared_index = 0
     _weight: PackedWeight | None = None  # weight_spec's last answer
 
-    def __setattr__(self, key, val):
-        if key == "weight" and isinstance(val, mx.array):
-            _set_float_weight(self, val)
-        else:
-            super().__setattr__(key, val)
-
-    def __init__(self, w: PackedWeight, bias: bool = False):
+    def __init__(self, w: PackedWeight):
         super().__init__()
         self.packed = w.packed
         self._spec = (w.qtype, w.group, w.n, w.k)
-        if bias:
-            self.bias = mx.zeros((w.n,))
+
+    def __setattr__(self, key, val):
+        if key == "weight" and isinstance(val, mx.array):  # a model or a test editing a matrix
+            w = qmatmul.pack_float(val)  # after loading: re-laid in its place
+            self.packed = w.packed
+            self._spec = (w.qtype, w.group, w.n, w.k)
+        else:
+            super().__setattr__(key, val)
 
     @property
     def weight_spec(self) -> PackedWeight:
-        return _weight_spec(self)
+        """The module's ``PackedWeight``, made once and again only when its ``packed`` array has
+        been replaced (``load_weights``); every projection call asks for it."""
+        packed = self["packed"]
+        w = self._weight
+        if w is None or w.packed is not packed:
+            qtype, group, n, k = self._spec
+            w = self._weight = PackedWeight(packed, qtype, n, k, group)
+        return w
 
     @property
     def weight(self) -> mx.array:
-        return _float_weight(self)
+        """The ``[n, k]`` float32 matrix of a module packed from float weights, for the few callers
+        that read ``.weight`` rather than calling the layer (a reranker's rows, a drafter sharing
+        the target's embedding table); a copy made on each access. Quantized packed modules have
+        no ``weight``."""
+        if self._spec[0] != qmatmul.F32:
+            raise AttributeError(f"{type(self).__name__} of packed type {self._spec[0]} has no float weight")
+        return qmatmul.dequantize(self.weight_spec)
+
+
+class PackedLinear(_PackedModule):
+    _shared: SharedInput | None = None  # set by share_inputs
+    _shared_index = 0
+
+    def __init__(self, w: PackedWeight, bias: bool = False):
+        super().__init__(w)
+        if bias:
+            self.bias = mx.zeros((w.n,))
 
     def _extra_repr(self) -> str:
         qtype, group, n, k = self._spec
@@ -168,28 +164,7 @@ class PackedLinear(nn.Module):
         return y
 
 
-class PackedEmbedding(nn.Module):
-    def __setattr__(self, key, val):
-        if key == "weight" and isinstance(val, mx.array):
-            _set_float_weight(self, val)
-        else:
-            super().__setattr__(key, val)
-
-    def __init__(self, w: PackedWeight):
-        super().__init__()
-        self.packed = w.packed
-        self._spec = (w.qtype, w.group, w.n, w.k)
-
-    _weight: PackedWeight | None = None
-
-    @property
-    def weight_spec(self) -> PackedWeight:
-        return _weight_spec(self)
-
-    @property
-    def weight(self) -> mx.array:
-        return _float_weight(self)
-
+class PackedEmbedding(_PackedModule):
     def _extra_repr(self) -> str:
         qtype, _, n, k = self._spec
         return f"{n}, {k}, packed type {qtype}"
