@@ -19,16 +19,7 @@ import subprocess
 import sys
 import time
 
-
-def use_build(path: str) -> None:
-    """Import the extension from ``path`` in place of the installed one (before anything loads it)."""
-    import importlib.util
-
-    name = "mlxcel.engine.platform._qmatmul"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[name] = module
+from bench_forward_width import use_build  # (scripts/ is on the path when a script runs)
 
 
 def child(args) -> dict:

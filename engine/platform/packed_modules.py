@@ -176,6 +176,16 @@ class PackedEmbedding(_PackedModule):
         return product(x, self.weight_spec)
 
 
+def _stand_in(child: nn.Module, w: PackedWeight, embedding: bool) -> nn.Module:
+    """The packed module taking ``child``'s place: an embedding, or a linear layer keeping its bias."""
+    if embedding:
+        return PackedEmbedding(w)
+    linear = PackedLinear(w, bias="bias" in child)
+    if "bias" in child:
+        linear.bias = child.bias
+    return linear
+
+
 def pack_affine_modules(model: nn.Module) -> tuple[int, int]:
     """Replace every 4- or 8-bit affine ``QuantizedLinear`` / ``QuantizedEmbedding`` of ``model``
     (groups of 32, 64 or 128) with its packed stand-in. Returns (packed, left as they were)."""
@@ -189,13 +199,7 @@ def pack_affine_modules(model: nn.Module) -> tuple[int, int]:
                 left += 1
                 continue
             w = qmatmul.pack_affine(child.weight, child.scales, child.biases, child.bits, child.group_size)
-            if isinstance(child, nn.QuantizedEmbedding):
-                replacement = PackedEmbedding(w)
-            else:
-                replacement = PackedLinear(w, bias="bias" in child)
-                if "bias" in child:
-                    replacement.bias = child.bias
-            setattr(module, name, replacement)
+            setattr(module, name, _stand_in(child, w, isinstance(child, nn.QuantizedEmbedding)))
             packed += 1
     return packed, left
 
@@ -218,14 +222,7 @@ def pack_float_modules(model: nn.Module) -> int:
             if weight.ndim != 2 or not mx.issubdtype(weight.dtype, mx.floating) or weight.shape[1] % 32 \
                     or weight.shape[0] < 16:
                 continue
-            w = qmatmul.pack_float(weight)
-            if type(child) is nn.Embedding:
-                replacement = PackedEmbedding(w)
-            else:
-                replacement = PackedLinear(w, bias="bias" in child)
-                if "bias" in child:
-                    replacement.bias = child.bias
-            setattr(module, name, replacement)
+            setattr(module, name, _stand_in(child, qmatmul.pack_float(weight), type(child) is nn.Embedding))
             packed += 1
     return packed
 
