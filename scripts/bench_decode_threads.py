@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from bench_forward_width import use_build  # (scripts/ is on the path when a script runs)
+from bench_forward_width import parse_builds, use_build  # (scripts/ is on the path when a script runs)
 
 
 def child(args) -> dict:
@@ -77,11 +77,7 @@ def main() -> None:
 
     builds = [("installed", "", {})]
     if args.builds:
-        builds = []
-        for spec in args.builds.split(","):
-            name, rest = spec.split("=", 1)
-            path, *settings = rest.split(":")
-            builds.append((name, path, dict(s.split("=", 1) for s in settings)))
+        builds = parse_builds(args.builds)
     threads = [int(t) for t in args.threads.split(",")]
     load = os.getloadavg()[0]
     per_arm: dict[str, list[dict]] = {}

@@ -42,6 +42,16 @@ def use_build(path: str) -> None:
     sys.modules[name] = module
 
 
+def parse_builds(spec: str) -> list[tuple[str, str, dict[str, str]]]:
+    """``NAME=PATH[:VAR=VALUE...],...`` -> (name, extension path, environment) per build."""
+    builds = []
+    for item in spec.split(","):
+        name, rest = item.split("=", 1)
+        path, *settings = rest.split(":")
+        builds.append((name, path, dict(s.split("=", 1) for s in settings)))
+    return builds
+
+
 def child(args) -> dict:
     if args.build:
         use_build(args.build)
@@ -107,11 +117,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     runs = [(arm, arm, "", {}) for arm in args.arms.split(",")]
     if args.builds:
-        builds = []
-        for spec in args.builds.split(","):
-            name, rest = spec.split("=", 1)
-            path, *settings = rest.split(":")
-            builds.append((name, path, dict(s.split("=", 1) for s in settings)))
+        builds = parse_builds(args.builds)
         runs = [(name, "packed", path, extra) for _ in range(args.rounds) for name, path, extra in builds]
     per_arm: dict[str, list[dict]] = {}
     for name, arm, build, extra in runs:

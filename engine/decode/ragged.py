@@ -48,6 +48,7 @@ from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
 from mlxcel.engine.platform import packed_modules
+from mlxcel.engine.platform.lean_blocks import BlockPlan, output_and_mlp, qkv_products
 from mlxcel.engine.platform.ragged_ops import ragged_attention, rope_positions, runs_fused
 
 _STEP = 256  # capacity grows in multiples of this many positions, as mlx-lm's KVCache does
@@ -468,25 +469,15 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
     return out[:1] if lone else out
 
 
-def _lean_layer(plan: tuple, h: mx.array, c: RaggedKVCache, n: int, rows_idx: mx.array, pos_idx: mx.array) -> mx.array:
+def _lean_layer(plan: BlockPlan, h: mx.array, c: RaggedKVCache, n: int, rows_idx: mx.array, pos_idx: mx.array) -> mx.array:
     """One swapped block (``lean_blocks.LeanBlock._plan``) of :func:`_packed_forward` on the fused ops:
     op for op what its modules run there (norm, the q/k/v product, per-token rope, the cache write,
     the ragged attention, o, residual, norm, gate/up, SwiGLU, down, residual), without the module calls."""
-    (ext, norm1, eps1, qkv, qkv_bias, n_heads, n_kv_heads, rope, scale, o, o_bias,
-     norm2, eps2, gate_up, down, down_bias) = plan
-    q, k, v = ext.qmatmul_multi(ext.rms_norm(h, norm1, eps1), *qkv)
-    if qkv_bias is not None:
-        q, k, v = q + qkv_bias[0], k + qkv_bias[1], v + qkv_bias[2]
-    q = ext.rope_positions(q.reshape(n, n_heads, -1), pos_idx, *rope)
-    k = ext.rope_positions(k.reshape(n, n_kv_heads, -1), pos_idx, *rope)
-    c.write(rows_idx, pos_idx, k, v.reshape(n, n_kv_heads, -1))
+    ext = plan.ext
+    q, k, v = qkv_products(plan, h)
+    q = ext.rope_positions(q.reshape(n, plan.n_heads, -1), pos_idx, *plan.rope)
+    k = ext.rope_positions(k.reshape(n, plan.n_kv_heads, -1), pos_idx, *plan.rope)
+    c.write(rows_idx, pos_idx, k, v.reshape(n, plan.n_kv_heads, -1))
     keys, values = c.head_major()
-    r = ext.qmatmul(ext.ragged_attention(q, keys, values, rows_idx, pos_idx, scale).reshape(1, n, -1), *o)
-    if o_bias is not None:
-        r = r + o_bias
-    h = h + r
-    g, u = ext.qmatmul_multi(ext.rms_norm(h, norm2, eps2), *gate_up)
-    r = ext.qmatmul(ext.swiglu(g, u), *down)
-    if down_bias is not None:
-        r = r + down_bias
-    return h + r
+    a = ext.ragged_attention(q, keys, values, rows_idx, pos_idx, plan.scale)
+    return output_and_mlp(plan, h, a.reshape(1, n, -1))

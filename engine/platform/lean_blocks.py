@@ -20,6 +20,7 @@ block's class changes to a subclass, nothing is renamed). ``MLXCEL_LEAN_BLOCKS=0
 from __future__ import annotations
 
 import sys
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -32,6 +33,27 @@ _BLOCKS = {("mlx_lm.models.llama", "TransformerBlock"), ("mlx_lm.models.qwen2", 
 _lean_classes: dict[type, type] = {}
 
 
+class BlockPlan(NamedTuple):
+    """What a swapped block's forward reads, taken from its modules once (:func:`lean_blocks`)."""
+
+    ext: Any  # the extension module
+    norm1: mx.array
+    eps1: float
+    qkv: tuple  # qmatmul_multi's arguments after x
+    qkv_bias: tuple | None
+    n_heads: int
+    n_kv_heads: int
+    rope: tuple  # dims, traditional, base, scale
+    scale: float
+    o: tuple  # qmatmul's arguments after x
+    o_bias: mx.array | None
+    norm2: mx.array
+    eps2: float
+    gate_up: tuple
+    down: tuple
+    down_bias: mx.array | None
+
+
 def _bias(module: PackedLinear):
     return module["bias"] if "bias" in module else None
 
@@ -39,7 +61,7 @@ def _bias(module: PackedLinear):
 class LeanBlock:
     """Mixed in ahead of the mlx-lm block class; ``_plan`` is set by :func:`lean_blocks`."""
 
-    _plan: tuple | None = None
+    _plan: BlockPlan | None = None
 
     def __call__(self, x, mask=None, cache=None):
         plan = self._plan
@@ -47,34 +69,47 @@ class LeanBlock:
                 or not (mask is None or isinstance(mask, str) and mask == "causal") or x.dtype != mx.float32
                 or x.ndim != 3 or packed_modules.WIDE_ROWS):
             return super().__call__(x, mask, cache)
-        (ext, norm1, eps1, qkv, qkv_bias, n_heads, n_kv_heads, rope, scale, o, o_bias,
-         norm2, eps2, gate_up, down, down_bias) = plan
+        ext, rope = plan.ext, plan.rope
         B, L, _ = x.shape
         # attention (mlx-lm's Attention.__call__ with the fused ops)
-        q, k, v = ext.qmatmul_multi(ext.rms_norm(x, norm1, eps1), *qkv)
-        if qkv_bias is not None:
-            q, k, v = q + qkv_bias[0], k + qkv_bias[1], v + qkv_bias[2]
-        q = q.reshape(B, L, n_heads, -1).transpose(0, 2, 1, 3)
-        k = k.reshape(B, L, n_kv_heads, -1).transpose(0, 2, 1, 3)
-        v = v.reshape(B, L, n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, k, v = qkv_products(plan, x)
+        q = q.reshape(B, L, plan.n_heads, -1).transpose(0, 2, 1, 3)
+        k = k.reshape(B, L, plan.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = v.reshape(B, L, plan.n_kv_heads, -1).transpose(0, 2, 1, 3)
         offset = cache.offset
         q = ext.rope(q, *rope, offset)
         k = ext.rope(k, *rope, offset)
         k, v = cache.update_and_fetch(k, v)
-        a = ext.attention(q, k, v, scale, mask is not None)
-        r = ext.qmatmul(a.transpose(0, 2, 1, 3).reshape(B, L, -1), *o)
-        if o_bias is not None:
-            r = r + o_bias
-        h = x + r
-        # MLP
-        g, u = ext.qmatmul_multi(ext.rms_norm(h, norm2, eps2), *gate_up)
-        r = ext.qmatmul(ext.swiglu(g, u), *down)
-        if down_bias is not None:
-            r = r + down_bias
-        return h + r
+        a = ext.attention(q, k, v, plan.scale, mask is not None)
+        return output_and_mlp(plan, x, a.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
-def _plan(block) -> tuple | None:
+def qkv_products(plan: BlockPlan, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """A planned block's input norm and q/k/v products (with their biases): the block's first ops,
+    shared by :class:`LeanBlock` and the ragged forward (``engine/decode/ragged.py``)."""
+    ext, bias = plan.ext, plan.qkv_bias
+    q, k, v = ext.qmatmul_multi(ext.rms_norm(x, plan.norm1, plan.eps1), *plan.qkv)
+    if bias is not None:
+        q, k, v = q + bias[0], k + bias[1], v + bias[2]
+    return q, k, v
+
+
+def output_and_mlp(plan: BlockPlan, x: mx.array, a: mx.array) -> mx.array:
+    """A planned block's ops after attention: ``a`` (the heads' outputs, tokens by features)
+    through o, the residual, the MLP and its residual."""
+    ext = plan.ext
+    r = ext.qmatmul(a, *plan.o)
+    if plan.o_bias is not None:
+        r = r + plan.o_bias
+    h = x + r
+    g, u = ext.qmatmul_multi(ext.rms_norm(h, plan.norm2, plan.eps2), *plan.gate_up)
+    r = ext.qmatmul(ext.swiglu(g, u), *plan.down)
+    if plan.down_bias is not None:
+        r = r + plan.down_bias
+    return h + r
+
+
+def _plan(block) -> BlockPlan | None:
     attn, mlp = block.self_attn, block.mlp
     qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
     gate_up = [mlp.gate_proj, mlp.up_proj]
@@ -97,7 +132,7 @@ def _plan(block) -> tuple | None:
         return None
     o, down = attn.o_proj.weight_spec, mlp.down_proj.weight_spec
     rope = attn.rope
-    return (qmatmul.extension(), block.input_layernorm.weight, block.input_layernorm.eps,
+    return BlockPlan(qmatmul.extension(), block.input_layernorm.weight, block.input_layernorm.eps,
             qkv[0]._shared._multi_args(), None if biases[0] is None else tuple(biases),
             attn.n_heads, attn.n_kv_heads, (rope.dims, rope.traditional, float(rope.base), float(rope.scale)),
             float(attn.scale), (o.packed, o.qtype, o.group, o.n, o.k), _bias(attn.o_proj),

@@ -71,9 +71,9 @@ def test_lean_logits_are_mlx_lm_blocks_bitwise(packed):
     # and the comparison can fail: a plan with another rope base is seen
     block = _blocks(packed)[0]
     plan = block._plan
-    dims, traditional, base, scale = plan[7]
+    dims, traditional, base, scale = plan.rope
     try:
-        object.__setattr__(block, "_plan", plan[:7] + ((dims, traditional, base * 2, scale),) + plan[8:])
+        object.__setattr__(block, "_plan", plan._replace(rope=(dims, traditional, base * 2, scale)))
         assert not any(mx.array_equal(a, b) for a, b in zip(_run(packed), plain, strict=True))
     finally:
         object.__setattr__(block, "_plan", plan)
