@@ -177,7 +177,7 @@ class Leader:
         for slot in sched.slots:
             if slot.run is not None:
                 slot.run.task.sink(Failed(error))
-            slot.cache, slot.tokens, slot.run = None, [], None
+            slot.empty()
         sched._batch = DecodeBatch(sched.lm.model)
         sched._ragged = RaggedBatch(sched.lm.model)
         if self.on_lost is not None:
@@ -232,7 +232,7 @@ class Follower:
         sched._stopping = True
         sched._pending.clear()
         for slot in sched.slots:
-            slot.cache, slot.tokens, slot.run = None, [], None
+            slot.empty()
         sched._batch = DecodeBatch(sched.lm.model)
         sched._ragged = RaggedBatch(sched.lm.model)
 

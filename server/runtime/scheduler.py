@@ -453,7 +453,7 @@ class Scheduler:
         self._ragged = RaggedBatch(self.lm.model)
         self._ahead = None
         for slot in busy:
-            slot.cache, slot.tokens, slot.run = None, [], None
+            slot.empty()
         return False
 
     def _speculate(self, slot: Slot) -> None:
@@ -578,10 +578,7 @@ class Scheduler:
         except Exception as exc:
             log.exception("the iteration's forward failed; failing its %d rows", len(plan))
             error = _as_api_error(exc)
-            for row, run in zip(plan.rows, runs):
-                run.task.sink(Failed(error))
-                slot = self.slots[row]
-                slot.cache, slot.tokens, slot.run = None, [], None
+            self._fail_rows(plan.rows, runs, error)
             self._ragged = RaggedBatch(self.lm.model)
             self._ahead = None
             return
@@ -713,10 +710,7 @@ class Scheduler:
         except Exception as exc:
             log.exception("the pipelined decode step failed; failing its %d rows", len(rows))
             error = _as_api_error(exc)
-            for row, run in zip(rows, runs):
-                run.task.sink(Failed(error))
-                slot = self.slots[row]
-                slot.cache, slot.tokens, slot.run = None, [], None
+            self._fail_rows(rows, runs, error)
             self._ragged = RaggedBatch(self.lm.model)
             return
         now = time.perf_counter()
@@ -864,10 +858,7 @@ class Scheduler:
             # the forward touched exactly these rows: fail them, start a fresh batch, keep serving
             log.exception("batched decode step failed; failing its %d rows", len(rows))
             error = _as_api_error(exc)
-            for row, run in zip(rows, runs):
-                run.task.sink(Failed(error))
-                slot = self.slots[row]
-                slot.cache, slot.tokens, slot.run = None, [], None
+            self._fail_rows(rows, runs, error)
             self._batch = DecodeBatch(self.lm.model)
             return
         self.metrics.record_decode(len(rows))
@@ -928,6 +919,13 @@ class Scheduler:
             "has_new_line": "\n" in run.text,
         }
 
+    def _fail_rows(self, rows, runs, error) -> None:
+        """The rows a failed shared forward touched: each request fails with ``error`` and its slot
+        is emptied (the caller starts a fresh batch)."""
+        for row, run in zip(rows, runs):
+            run.task.sink(Failed(error))
+            self.slots[row].empty()
+
     def _fail(self, slot: Slot, exc: Exception) -> None:
         run = slot.run
         if run is None:
@@ -946,7 +944,7 @@ class Scheduler:
         except Exception:
             log.exception("could not remove slot %d from the ragged batch", slot.id)
             self._ragged = RaggedBatch(self.lm.model)
-        slot.cache, slot.tokens, slot.run = None, [], None
+        slot.empty()
 
 
 class TaskHandle:

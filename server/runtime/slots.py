@@ -75,6 +75,11 @@ class Slot:
     def busy(self) -> bool:
         return self.run is not None
 
+    def empty(self) -> None:
+        """Nothing held any more: no cache, no cached tokens, no request (its cache was lost with a
+        failed forward, or the request failed)."""
+        self.cache, self.tokens, self.run = None, [], None
+
 
 def choose_slot(slots: list[Slot], task: Task, similarity: float = SLOT_PROMPT_SIMILARITY) -> Slot | None:
     """A free slot for ``task``: the one it asked for (``id_slot``, waiting while it is busy), else
