@@ -148,7 +148,11 @@ def test_prompt_ms_is_queue_wait_and_prefill_and_predicted_ms_runs_from_prefill_
 
     a = threading.Thread(target=send, args=("a", native(TEXT, n_predict=600)))
     a.start()
-    time.sleep(0.3)  # A is in its slot
+    deadline = time.monotonic() + 60  # A is in its slot and decoding (a fixed sleep raced A's end)
+    while not any(slot.get("is_processing") and slot["next_token"][0]["n_decoded"] > 0
+                  for slot in httpx.get(s.url + "/slots", timeout=10).json()):
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
     send("b", native("Hello, world! How are you today?", n_predict=4))
     a.join()
     (body_a, a0, a1), (body_b, b0, b1) = results["a"], results["b"]
