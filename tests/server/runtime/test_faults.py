@@ -138,7 +138,9 @@ def test_a_fault_in_the_batched_forward_fails_its_rows_and_the_engine_goes_on(se
 
 
 def test_a_request_past_the_timeout_ends_with_an_error_and_frees_its_slot(tiny_llama_dir):
-    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "2", "--timeout", "1")
+    # --context-shift: the tiny model fills its context in under a second, and without a shift that ends the
+    # "endless" requests with a 200 before the timeout can
+    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "2", "--timeout", "1", "--context-shift")
     try:
         endless = {"prompt": "on and on", "n_predict": -1, "ignore_eos": True}
         results, threads = in_threads(
@@ -182,7 +184,7 @@ def test_a_request_past_the_timeout_ends_with_an_error_and_frees_its_slot(tiny_l
 
 
 def test_sigterm_ends_streams_cleanly_and_exits_0(tiny_llama_dir):
-    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "4")
+    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "4", "--context-shift")  # endless: no context end
     try:
         started = threading.Semaphore(0)
         endless = {"prompt": "keep going", "n_predict": -1, "ignore_eos": True}
