@@ -9,6 +9,7 @@
 
 #include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "ops.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define MLXCEL_CLONES __attribute__((target_clones("avx2", "default")))
@@ -48,15 +49,6 @@ static inline float exp_poly(float x) {
   p = p * r + 5.0000001201e-1f;
   p = (p * r) * r + r + 1.0f;
   return p * std::bit_cast<float>((int32_t(k) + 127) << 23);
-}
-
-// v[j] = exp(v[j] - shift)
-MLXCEL_CLONES void exp_shifted(float* v, int n, float shift) {
-  for (int j = 0; j < n; ++j) v[j] = exp_poly(v[j] - shift);
-}
-
-MLXCEL_CLONES void axpy(float* y, const float* x, float a, int n) {
-  for (int i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
 struct View4 {  // a strided [b, h, l, d] float array
@@ -162,24 +154,149 @@ class RopeP : public mx::UnaryPrimitive {
   int offset_;
 };
 
-// One query's attention over keys 0 .. n-1 of one key/value head, into o[D]: the scaled query qs
-// (already multiplied by the scale), scores and the weighted sum in the caller's scratch sc[n] and
-// acc[D]. Both attention primitives call this, so a query's bits are the same in either.
-static void attend(const float* qs, const View4& kv, const View4& vv, int b, int hk, int n, int D, float* sc,
-                   float* acc, float* o) {
-  float mx_ = -INFINITY;
-  for (int j = 0; j < n; ++j) {
-    sc[j] = dot(qs, kv.row(b, hk, j), D);
-    mx_ = std::max(mx_, sc[j]);
-  }
-  exp_shifted(sc, n, mx_);
-  float sum = 0.f;
-  for (int j = 0; j < n; ++j) sum += sc[j];
-  std::fill(acc, acc + D, 0.f);
-  for (int j = 0; j < n; ++j) axpy(acc, vv.row(b, hk, j), sc[j], D);
-  const float inv = 1.f / sum;
-  for (int i = 0; i < D; ++i) o[i] = acc[i] * inv;
+// ----------------------------------------------------------------------------- attention
+// One query's scores, softmax and weighted sum, written with 8-float vectors (GCC's vector
+// extension: every clone, the portable one included, computes the same per-lane operations, so
+// the bits do not depend on the ISA; -ffp-contract=off keeps multiplies and adds apart). What a
+// query's result is, defined once here and independent of the call's shape:
+//   score_j = ((p0+p4)+(p2+p6)) + ((p1+p5)+(p3+p7)),  p_t = sum over c (in order) of q[8c+t]*k_j[8c+t]
+//   m = max_j score_j;  e_j = exp_poly(score_j - m);  sum = the same tree over 8 lanes, lane t
+//   adding e_j for j = t mod 8 in order;  o[d] = (sum over j in order of e_j * v_j[d]) * (1/sum).
+// Eight keys are scored at once (eight independent accumulators, one tree reduction shared by
+// them through shuffles); a short last group repeats the last key, whose extra scores are unused.
+typedef float vf8 __attribute__((vector_size(32)));
+typedef int vi8 __attribute__((vector_size(32)));
+#define MLXCEL_INLINE inline __attribute__((always_inline))
+
+static MLXCEL_INLINE vf8 load8(const float* p) {
+  vf8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
 }
+static MLXCEL_INLINE void store8(float* p, vf8 v) { std::memcpy(p, &v, sizeof v); }
+
+// Lane k of the result: the tree above over the lanes of a_k.
+static MLXCEL_INLINE vf8 reduce8(vf8 a0, vf8 a1, vf8 a2, vf8 a3, vf8 a4, vf8 a5, vf8 a6, vf8 a7) {
+  const vi8 lo1 = {0, 1, 2, 3, 8, 9, 10, 11}, hi1 = {4, 5, 6, 7, 12, 13, 14, 15};
+  vf8 b0 = __builtin_shuffle(a0, a1, lo1) + __builtin_shuffle(a0, a1, hi1);  // t+4 folded: [a0 q0..q3, a1 q0..q3]
+  vf8 b1 = __builtin_shuffle(a2, a3, lo1) + __builtin_shuffle(a2, a3, hi1);
+  vf8 b2 = __builtin_shuffle(a4, a5, lo1) + __builtin_shuffle(a4, a5, hi1);
+  vf8 b3 = __builtin_shuffle(a6, a7, lo1) + __builtin_shuffle(a6, a7, hi1);
+  const vi8 lo2 = {0, 1, 4, 5, 8, 9, 12, 13}, hi2 = {2, 3, 6, 7, 10, 11, 14, 15};
+  vf8 c0 = __builtin_shuffle(b0, b1, lo2) + __builtin_shuffle(b0, b1, hi2);  // t+2 folded: [a0 r0 r1, a1 .., a2 .., a3 ..]
+  vf8 c1 = __builtin_shuffle(b2, b3, lo2) + __builtin_shuffle(b2, b3, hi2);
+  const vi8 lo3 = {0, 2, 4, 6, 8, 10, 12, 14}, hi3 = {1, 3, 5, 7, 9, 11, 13, 15};
+  return __builtin_shuffle(c0, c1, lo3) + __builtin_shuffle(c0, c1, hi3);  // r0 + r1, in key order
+}
+
+static MLXCEL_INLINE float tree8(vf8 v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
+
+// NV vectors of the weighted sum (features d0 .. d0 + 8 NV) over keys 0 .. n-1: acc = sum of e_j * v_j.
+template <int NV>
+static MLXCEL_INLINE void weighted_sum(const float* e, int n, const View4& vv, int b, int hk, int d0, float inv,
+                                       float* o) {
+  vf8 acc[NV];
+  for (int t = 0; t < NV; ++t) acc[t] = vf8{};
+  for (int j = 0; j < n; ++j) {
+    const float* vr = vv.row(b, hk, j) + d0;
+    const vf8 ej = vf8{} + e[j];
+#pragma GCC unroll 8
+    for (int t = 0; t < NV; ++t) acc[t] += ej * load8(vr + 8 * t);
+  }
+  for (int t = 0; t < NV; ++t) store8(o + d0 + 8 * t, acc[t] * inv);
+}
+
+// One query against keys 0 .. n-1 (n >= 1) of head (b, hk) into o[D]. qs: the query times the
+// scale, D8 = D rounded up to 8 floats, zero-padded; sc: room for n + 8 floats; kpad: room for 8
+// padded key rows (8 * D8 floats), used when a key row is strided or D is not a multiple of 8.
+MLXCEL_CLONES void attend(const float* qs, const View4& kv, const View4& vv, int b, int hk, int n, int D,
+                          float* sc, float* kpad, float* o) {
+  const int D8 = (D + 7) & ~7;
+  const bool krows = kv.s3 == 1 && D == D8;
+  for (int j0 = 0; j0 < n; j0 += 8) {
+    const float* kr[8];
+    for (int t = 0; t < 8; ++t) {
+      kr[t] = kv.row(b, hk, std::min(j0 + t, n - 1));
+      if (!krows) {
+        float* r = kpad + t * D8;
+        for (int d = 0; d < D; ++d) r[d] = kr[t][d * kv.s3];
+        for (int d = D; d < D8; ++d) r[d] = 0.f;
+        kr[t] = r;
+      }
+    }
+    vf8 a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
+    for (int c = 0; c < D8; c += 8) {
+      const vf8 qv = load8(qs + c);
+      a0 += qv * load8(kr[0] + c);
+      a1 += qv * load8(kr[1] + c);
+      a2 += qv * load8(kr[2] + c);
+      a3 += qv * load8(kr[3] + c);
+      a4 += qv * load8(kr[4] + c);
+      a5 += qv * load8(kr[5] + c);
+      a6 += qv * load8(kr[6] + c);
+      a7 += qv * load8(kr[7] + c);
+    }
+    store8(sc + j0, reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
+  }
+  const int n8 = (n + 7) & ~7;  // sc[n .. n8) repeat score n-1: the max is unchanged
+  vf8 m = load8(sc);
+  for (int j = 8; j < n8; j += 8) {
+    const vf8 x = load8(sc + j);
+    m = m > x ? m : x;
+  }
+  float mx_ = m[0];
+  for (int t = 1; t < 8; ++t) mx_ = std::max(mx_, m[t]);
+  for (int j = 0; j < n; ++j) sc[j] = exp_poly(sc[j] - mx_);
+  for (int j = n; j < n8; ++j) sc[j] = 0.f;
+  vf8 s{};
+  for (int j = 0; j < n8; j += 8) s += load8(sc + j);
+  const float inv = 1.f / tree8(s);
+  if (vv.s3 == 1) {
+    int d0 = 0;
+    for (; d0 + 64 <= (D & ~7); d0 += 64) weighted_sum<8>(sc, n, vv, b, hk, d0, inv, o);
+    switch (((D & ~7) - d0) / 8) {
+      case 7: weighted_sum<7>(sc, n, vv, b, hk, d0, inv, o); break;
+      case 6: weighted_sum<6>(sc, n, vv, b, hk, d0, inv, o); break;
+      case 5: weighted_sum<5>(sc, n, vv, b, hk, d0, inv, o); break;
+      case 4: weighted_sum<4>(sc, n, vv, b, hk, d0, inv, o); break;
+      case 3: weighted_sum<3>(sc, n, vv, b, hk, d0, inv, o); break;
+      case 2: weighted_sum<2>(sc, n, vv, b, hk, d0, inv, o); break;
+      case 1: weighted_sum<1>(sc, n, vv, b, hk, d0, inv, o); break;
+      default: break;
+    }
+  }
+  // features a vector does not cover (all of them for a strided v): the same sums one lane at a time
+  for (int d = vv.s3 == 1 ? (D & ~7) : 0; d < D; ++d) {
+    float acc = 0.f;
+    for (int j = 0; j < n; ++j) acc += sc[j] * vv.row(b, hk, j)[d * vv.s3];
+    o[d] = acc * inv;
+  }
+}
+
+// Per-thread scratch of the attention primitives, sized for keys 0 .. s-1 and head size d.
+struct AttendScratch {
+  std::vector<float> qs, sc, kpad;
+  void fit(int s, int d) {
+    const size_t d8 = (size_t(d) + 7) & ~size_t(7);
+    if (qs.size() < d8) qs.assign(d8, 0.f);
+    if (sc.size() < size_t(s) + 8) sc.resize(size_t(s) + 8);
+    if (kpad.size() < 8 * d8) kpad.resize(8 * d8);
+  }
+  // the query row (stride s3) times the scale into qs (zero-padded to 8)
+  const float* query(const float* qr, int64_t s3, int d, float scale) {
+    for (int i = 0; i < d; ++i) qs[i] = qr[i * s3] * scale;
+    for (int i = d; i < ((d + 7) & ~7); ++i) qs[i] = 0.f;
+    return qs.data();
+  }
+};
+
+AttendScratch& attend_scratch() {
+  static thread_local AttendScratch s;
+  return s;
+}
+
+// Queries per unit of a threaded attention call (a unit: one head's run of consecutive queries).
+constexpr int kQueryChunk = 8;
 
 class AttentionP : public mx::UnaryPrimitive {
  public:
@@ -194,17 +311,29 @@ class AttentionP : public mx::UnaryPrimitive {
     enc.dispatch([qv = view4(q), kv = view4(k), vv = view4(in[2]), op = out.data<float>(), B = q.shape(0),
                   Hq = q.shape(1), L = q.shape(2), D = q.shape(3), Hk = k.shape(1), S = k.shape(2), scale = scale_,
                   causal = causal_]() {
-      std::vector<float> qs(D), sc(S), acc(D);
       const int group = Hq / Hk;
-      for (int b = 0; b < B; ++b)
-        for (int h = 0; h < Hq; ++h)
-          for (int l = 0; l < L; ++l) {
-            const float* qr = qv.row(b, h, l);
-            for (int i = 0; i < D; ++i) qs[i] = qr[i * qv.s3] * scale;
+      const int chunks = (L + kQueryChunk - 1) / kQueryChunk;
+      // keys seen in all, for sizing the split: causal rows see S - L + 1 .. S keys
+      const size_t keys = causal ? size_t(L) * std::max(0, S - L) + size_t(L) * (L + 1) / 2 : size_t(L) * S;
+      // Units (b, h, chunk of queries), chunk fastest; which thread computes a query does not
+      // change its bits (attend's arithmetic depends on neither the thread nor the other queries).
+      parallel_for(B * Hq * chunks, size_t(B) * Hq * keys * D * 2, [&](int u0, int u1) {
+        AttendScratch& scr = attend_scratch();
+        scr.fit(S, D);
+        for (int u = u0; u < u1; ++u) {
+          const int c = u % chunks, h = (u / chunks) % Hq, b = u / chunks / Hq;
+          for (int l = c * kQueryChunk; l < std::min(L, (c + 1) * kQueryChunk); ++l) {
             const int n = causal ? std::min(S, S - L + l + 1) : S;
-            attend(qs.data(), kv, vv, b, h / group, n, D, sc.data(), acc.data(),
-                   op + ((size_t(b) * Hq + h) * L + l) * D);
+            float* o = op + ((size_t(b) * Hq + h) * L + l) * D;
+            if (n <= 0) {  // a query that sees no key (more queries than keys, causal)
+              std::fill(o, o + D, NAN);
+              continue;
+            }
+            attend(scr.query(qv.row(b, h, l), qv.s3, D, scale), kv, vv, b, h / group, n, D, scr.sc.data(),
+                   scr.kpad.data(), o);
           }
+        }
+      });
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }
@@ -237,18 +366,22 @@ class RaggedAttentionP : public mx::UnaryPrimitive {
                   rows = in[3].data<int32_t>(), pos = in[4].data<int32_t>(), op = out.data<float>(), N = q.shape(0),
                   Hq = q.shape(1), D = q.shape(2), B = k.shape(0), Hk = k.shape(1), S = k.shape(2),
                   scale = scale_]() {
-      std::vector<float> qs(D), sc(S), acc(D);
       const int group = Hq / Hk;
-      for (int i = 0; i < N; ++i) {
-        // the caller checks rows and positions; here they are only kept inside the arrays
-        const int b = std::min(std::max(rows[i], 0), B - 1);
-        const int n = std::min(std::max(pos[i] + 1, 1), S);
-        for (int h = 0; h < Hq; ++h) {
-          const float* qr = qp + i * qs0 + h * qs1;
-          for (int j = 0; j < D; ++j) qs[j] = qr[j * qs2] * scale;
-          attend(qs.data(), kv, vv, b, h / group, n, D, sc.data(), acc.data(), op + (size_t(i) * Hq + h) * D);
+      size_t keys = 0;
+      for (int i = 0; i < N; ++i) keys += size_t(std::min(std::max(pos[i] + 1, 1), S));
+      // units (query, head), head fastest
+      parallel_for(N * Hq, keys * Hq * D * 2, [&](int u0, int u1) {
+        AttendScratch& scr = attend_scratch();
+        scr.fit(S, D);
+        for (int u = u0; u < u1; ++u) {
+          const int i = u / Hq, h = u % Hq;
+          // the caller checks rows and positions; here they are only kept inside the arrays
+          const int b = std::min(std::max(rows[i], 0), B - 1);
+          const int n = std::min(std::max(pos[i] + 1, 1), S);
+          attend(scr.query(qp + i * qs0 + h * qs1, qs2, D, scale), kv, vv, b, h / group, n, D, scr.sc.data(),
+                 scr.kpad.data(), op + (size_t(i) * Hq + h) * D);
         }
-      }
+      });
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }

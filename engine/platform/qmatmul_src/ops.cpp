@@ -399,6 +399,15 @@ void set_num_threads(int n) {
 
 int num_threads() { return g_threads; }
 
+void parallel_for(int units, size_t macs, const std::function<void(int, int)>& fn) {
+  if (units <= 0) return;
+  if (g_threads <= 1 || units == 1) {
+    fn(0, units);
+    return;
+  }
+  pool().run(units, macs, fn);
+}
+
 std::string isa() { return g_isa; }
 
 std::string available_isas() {

@@ -1,6 +1,7 @@
 // MLX operations over packed weights: the primitives' graph-building side.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "mlx/ops.h"
@@ -26,6 +27,10 @@ void set_num_threads(int n);
 // split every call.
 std::vector<size_t> set_thread_split(size_t grain_macs, size_t wake_macs);
 int num_threads();
+// fn(u0, u1) over [0, units) split among the kernel threads as a matmul's tiles are (grains of
+// about MLXCEL_GRAIN_MACS of the call's macs multiply-adds; a call of one grain runs on the caller
+// alone); returns when every unit is done. The fused ops thread their heads with it.
+void parallel_for(int units, size_t macs, const std::function<void(int, int)>& fn);
 // "avx512_vnni", "avx2", "neon" or "scalar": the kernel in use; set_isa("auto") picks the best present.
 std::string isa();
 void set_isa(const std::string& name);
