@@ -10,6 +10,7 @@ events or transport. Adding an API is adding a format.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -35,7 +36,9 @@ async def complete(request: Request, fmt: ResponseFormat) -> Response:
     """Serve one completion request in ``fmt``'s shapes."""
     t_arrival = time.perf_counter()
     state: ServerState = request.app.state.server
-    plan = fmt.plan(state, await read_body(request), t_arrival)
+    # Off the event loop: rendering a template, tokenizing a long prompt or compiling a grammar takes
+    # milliseconds to seconds, and every other client's stream and /health wait while the loop is busy.
+    plan = await asyncio.to_thread(fmt.plan, state, await read_body(request), t_arrival)
     handles = open_tasks(state, plan)
     indices = [h.index for h in handles]
     if plan.stream:

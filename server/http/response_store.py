@@ -5,8 +5,9 @@ Bounded by count (``CAPACITY``, the oldest leaves first); nothing is written to 
 restart forgets them all. Each entry keeps the conversation it continued as chat messages, so a
 follow-up is rendered by the template exactly as the whole conversation would be. The entries
 share their messages (a follow-up's conversation is a new list of the same message objects), so a
-long chain of turns costs a list of references per turn, not a copy of the text. Everything runs
-on the event loop: no locks.
+long chain of turns costs a list of references per turn, not a copy of the text. Writes run on the
+event loop; a request's plan, in a worker thread, only reads (``get``: one dict lookup, atomic
+under the GIL): no locks.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ upstream)."""
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
@@ -43,7 +45,8 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> JsonResponse:
     state: ServerState = request.app.state.server
     body = translate(await read_body(request), count_only=True)
-    tokens = tokenize_prompt(state.loaded, render_chat(state, validate(ChatRequest, body), body))
+    req = validate(ChatRequest, body)
+    tokens = await asyncio.to_thread(lambda: tokenize_prompt(state.loaded, render_chat(state, req, body)))
     return JsonResponse({"input_tokens": len(tokens)})
 
 

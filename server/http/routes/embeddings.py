@@ -35,7 +35,7 @@ async def _embed(request: Request, oai: bool) -> JsonResponse:
     else:
         raise invalid('"input" or "content" must be provided')
     use_base64 = embeddings.check_encoding(body)
-    inputs = embeddings.embedding_inputs(state, value)
+    inputs = await asyncio.to_thread(embeddings.embedding_inputs, state, value)  # tokenizing: off the loop
     norm = embeddings.check_normalize(body, embedder.normalization)
     vectors = await until_disconnect(request, asyncio.gather(
         *(state.scheduler.call(lambda t=tokens: embedder.embed(t, norm)) for tokens in inputs)))

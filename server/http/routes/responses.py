@@ -45,7 +45,7 @@ async def create(request: Request) -> Response:
     if body.get("background") is not True:
         return await complete(request, FORMAT)
     state: ServerState = request.app.state.server
-    plan = responses_plan(state, body, time.perf_counter())
+    plan = await asyncio.to_thread(responses_plan, state, body, time.perf_counter())  # as pipeline.complete
     handles = open_tasks(state, plan)
     created_at = int(time.time())
     entry = StoredResponse(response_object(state, plan, created_at, status="queued"), plan.request.conversation)

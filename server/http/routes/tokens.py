@@ -1,7 +1,12 @@
 """Tokenizer and template routes: ``/tokenize``, ``/detokenize``, ``/apply-template`` and
-``/v1/chat/completions/input_tokens``."""
+``/v1/chat/completions/input_tokens``.
+
+Each route's tokenizer / template work runs in a worker thread (``asyncio.to_thread``): a long text
+takes the tokenizer a while, and the event loop serves every other client meanwhile."""
 
 from __future__ import annotations
+
+import asyncio
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -18,14 +23,18 @@ from mlxcel.server.runtime.errors import invalid, json_type_name
 async def tokenize(request: Request) -> JsonResponse:
     state: ServerState = request.app.state.server
     req = validate(TokenizeRequest, await read_body(request))
+    return JsonResponse(await asyncio.to_thread(_tokens, state, req))
+
+
+def _tokens(state: ServerState, req: TokenizeRequest) -> dict:
     if req.content is None:
-        return JsonResponse({"tokens": []})
+        return {"tokens": []}
     ids = tokenize_text(state.loaded.tokenizer, req.content, add_special=False, parse_special=req.parse_special)
     if req.add_special:
         ids = bos_prefix(state.loaded) + ids
     if req.with_pieces:
-        return JsonResponse({"tokens": [{"id": t, "piece": state.token_text.piece(t)} for t in ids]})
-    return JsonResponse({"tokens": ids})
+        return {"tokens": [{"id": t, "piece": state.token_text.piece(t)} for t in ids]}
+    return {"tokens": ids}
 
 
 async def detokenize(request: Request) -> JsonResponse:
@@ -37,19 +46,20 @@ async def detokenize(request: Request) -> JsonResponse:
     tokens = req.tokens or []
     if any(t < 0 or t >= state.loaded.vocab_size for t in tokens):
         raise invalid("tokens contain invalid ids")
-    return JsonResponse({"content": state.loaded.tokenizer.decode(tokens)})
+    return JsonResponse({"content": await asyncio.to_thread(state.loaded.tokenizer.decode, tokens)})
 
 
 async def apply_template(request: Request) -> JsonResponse:
     state: ServerState = request.app.state.server
     body = await read_body(request)
-    return JsonResponse({"prompt": render_chat(state, validate(ChatRequest, body), body)})
+    return JsonResponse({"prompt": await asyncio.to_thread(render_chat, state, validate(ChatRequest, body), body)})
 
 
 async def chat_input_tokens(request: Request) -> JsonResponse:
     state: ServerState = request.app.state.server
     body = await read_body(request)
-    tokens = tokenize_prompt(state.loaded, render_chat(state, validate(ChatRequest, body), body))
+    req = validate(ChatRequest, body)
+    tokens = await asyncio.to_thread(lambda: tokenize_prompt(state.loaded, render_chat(state, req, body)))
     return JsonResponse({"input_tokens": len(tokens), "object": "response.input_tokens"})
 
 

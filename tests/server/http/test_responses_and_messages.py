@@ -15,40 +15,13 @@ import time
 import httpx
 import pytest
 import scripted_model
+from qwen_tool_template import qwen_tool_template
 from server_process import ServerProcess
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
 
-TEMPLATE = """{%- if tools %}<|im_start|>system
-You can call these functions:
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}<|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == "tool" %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% elif message.role == "assistant" %}<|im_start|>assistant
-{% if message.reasoning_content %}<think>
-{{ message.reasoning_content }}
-</think>
-
-{% endif %}{{ message.content }}
-{%- for tool_call in message.tool_calls or [] %}
-{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
-{%- if not loop.first or message.content %}
-{% endif %}<tool_call>
-{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}
-</tool_call>
-{%- endfor %}<|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
+TEMPLATE = qwen_tool_template(answer_hint=False)
 
 CALL = ["<tool_call>", '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n', "</tool_call>", "<|im_end|>"]
 THINK = ["<think>", " one", " two", " three", "</think>", "\n\nIt is sunny in Paris.", "<|im_end|>"]

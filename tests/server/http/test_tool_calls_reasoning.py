@@ -15,41 +15,12 @@ import re
 import httpx
 import pytest
 import scripted_model
+from qwen_tool_template import qwen_tool_template
 from server_process import ServerProcess
 
 openai = pytest.importorskip("openai")
 
-QWEN_STYLE = """{%- if tools %}<|im_start|>system
-You can call these functions:
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}Answer with <tool_call>
-{"name": <name>, "arguments": <arguments>}
-</tool_call><|im_end|>
-{% endif %}
-{%- for message in messages %}
-{%- if message.role == "tool" %}<|im_start|>user
-<tool_response>
-{{ message.content }}
-</tool_response><|im_end|>
-{% elif message.role == "assistant" %}<|im_start|>assistant
-{% if message.reasoning_content %}<think>
-{{ message.reasoning_content }}
-</think>
-
-{% endif %}{{ message.content }}
-{%- for tool_call in message.tool_calls or [] %}
-{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
-{%- if not loop.first or message.content %}
-{% endif %}<tool_call>
-{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}
-</tool_call>
-{%- endfor %}<|im_end|>
-{% else %}<|im_start|>{{ message.role }}
-{{ message.content }}<|im_end|>
-{% endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
+QWEN_STYLE = qwen_tool_template()
 
 THINK_OPEN = """{%- for message in messages %}<|im_start|>{{ message.role }}
 {% if message.role == "assistant" and message.reasoning_content %}[THINK]{{ message.reasoning_content }}[/THINK]{% endif %}{{ message.content }}<|im_end|>
