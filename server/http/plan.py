@@ -95,6 +95,16 @@ def render_chat(state: ServerState, req: ChatRequest, body: dict) -> str:
     return _render(state, req, body).prompt
 
 
+def chat_body_prompt(state: ServerState, body: dict) -> str:
+    """A chat body (validated here) rendered as prompt text: ``/apply-template``'s answer."""
+    return render_chat(state, validate(ChatRequest, body), body)
+
+
+def chat_body_tokens(state: ServerState, body: dict) -> list[int]:
+    """A chat body's prompt as token ids: what the token-counting routes count."""
+    return tokenize_prompt(state.loaded, chat_body_prompt(state, body))
+
+
 def _check_messages(messages: list[dict]) -> None:
     for msg in messages:
         role = msg.get("role")

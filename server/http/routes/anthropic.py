@@ -15,9 +15,7 @@ from mlxcel.server.http.anthropic_request import translate
 from mlxcel.server.http.formats.anthropic import AnthropicFormat, error_body
 from mlxcel.server.http.limits import BodyRefused
 from mlxcel.server.http.pipeline import complete, read_body
-from mlxcel.server.http.plan import render_chat
-from mlxcel.server.http.prompts import tokenize_prompt
-from mlxcel.server.http.schema import ChatRequest, validate
+from mlxcel.server.http.plan import chat_body_tokens
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.runtime.errors import ApiError
@@ -45,8 +43,7 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> JsonResponse:
     state: ServerState = request.app.state.server
     body = translate(await read_body(request), count_only=True)
-    req = validate(ChatRequest, body)
-    tokens = await asyncio.to_thread(lambda: tokenize_prompt(state.loaded, render_chat(state, req, body)))
+    tokens = await asyncio.to_thread(chat_body_tokens, state, body)
     return JsonResponse({"input_tokens": len(tokens)})
 
 

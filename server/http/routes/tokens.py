@@ -12,9 +12,9 @@ from fastapi import APIRouter
 from starlette.requests import Request
 
 from mlxcel.server.http.pipeline import read_body
-from mlxcel.server.http.plan import render_chat
-from mlxcel.server.http.prompts import bos_prefix, tokenize_prompt, tokenize_text
-from mlxcel.server.http.schema import ChatRequest, DetokenizeRequest, TokenizeRequest, validate
+from mlxcel.server.http.plan import chat_body_prompt, chat_body_tokens
+from mlxcel.server.http.prompts import bos_prefix, tokenize_text
+from mlxcel.server.http.schema import DetokenizeRequest, TokenizeRequest, validate
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.runtime.errors import invalid, json_type_name
@@ -52,14 +52,13 @@ async def detokenize(request: Request) -> JsonResponse:
 async def apply_template(request: Request) -> JsonResponse:
     state: ServerState = request.app.state.server
     body = await read_body(request)
-    return JsonResponse({"prompt": await asyncio.to_thread(render_chat, state, validate(ChatRequest, body), body)})
+    return JsonResponse({"prompt": await asyncio.to_thread(chat_body_prompt, state, body)})
 
 
 async def chat_input_tokens(request: Request) -> JsonResponse:
     state: ServerState = request.app.state.server
     body = await read_body(request)
-    req = validate(ChatRequest, body)
-    tokens = await asyncio.to_thread(lambda: tokenize_prompt(state.loaded, render_chat(state, req, body)))
+    tokens = await asyncio.to_thread(chat_body_tokens, state, body)
     return JsonResponse({"input_tokens": len(tokens), "object": "response.input_tokens"})
 
 
