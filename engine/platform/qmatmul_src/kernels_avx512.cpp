@@ -60,7 +60,6 @@ struct V {
 };
 
 #define MAXR_8 1
-#define BLOCK_TYPE_ROWS 4
 #include "kernel_body.h"
 
 }  // namespace mlxcel_q::avx512
