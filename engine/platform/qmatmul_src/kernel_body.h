@@ -29,10 +29,10 @@ static inline int prefetch_distance() {
 
 // The row loops are unrolled explicitly: left to the late unroller, GCC kept the R accumulators in
 // memory (a store and a reload per row and block; Q4_K 8960 x 1536 at 16 rows 1.20 -> 1.10 ms).
-// stream: the tile comes from memory (the tile-by-tile walk), so the block types prefetch too.
+// ahead: how far ahead (bytes) to prefetch the weights, 0 for not at all (see matmul_type).
 template <int T, int R>
 static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQuant& x, int r0, int slice,
-                      float* out, int ldo, bool stream) {
+                      float* out, int ldo, size_t ahead) {
   using Tr = Traits<T>;
   const int nb = x.blocks();
   const int K = x.k;
@@ -47,12 +47,10 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
     if constexpr (Tr::kq) dmin = V::half(unit + 32 + 2 * lane0);
     const int block_bytes = l.unit_bytes / l.blocks;
     for (int b = 0; b < l.blocks; ++b) {
-      // K-quant tiles read three streams per unit; with the hardware streamers alone Q6_K read at
-      // 8 GB/s here, with this at 12-17. The 32-value block types prefetch only in the tile-by-tile
-      // walk: there a tile is applied to several chunks of rows while the streamers idle (the head,
-      // 49152 x 576 Q8_0 at 8 rows: 2.77 -> 1.30 ms); in the chunk-by-chunk walk it only cost.
-      if (Tr::kq || T == Q6_K || stream) if (slice == 0 && prefetch_distance() > 0) {
-        const uint8_t* pf = unit + prefetch_distance() + b * block_bytes;
+      // With the hardware streamers alone Q6_K read at 8 GB/s here (three streams per unit), and the
+      // head (49152 x 576 Q8_0) at 8 rows took 2.77 ms, 1.2 with this: see matmul_type.
+      if (ahead && slice == 0) {
+        const uint8_t* pf = unit + ahead + b * block_bytes;
         for (int i = 0; i < block_bytes; i += 64) __builtin_prefetch(pf + i);
       }
       const uint8_t* vals = unit + Tr::values + b * (Tr::eight ? 512 : 256) + lane0 * 4;
@@ -146,9 +144,9 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
 // Rows [r0, r0 + R) of one tile: all its 16 / L slices, then stored.
 template <int T, int R>
 static void tile_chunk(const Layout& l, const uint8_t* tile, int units, int n, const XQuant& x, int r0, float* out,
-                       int t, bool stream) {
+                       int t, size_t ahead) {
   alignas(64) float buf[R * TILE];
-  for (int slice = 0; slice < TILE / V::L; ++slice) tile_rows<T, R>(l, tile, units, x, r0, slice, buf, TILE, stream);
+  for (int slice = 0; slice < TILE / V::L; ++slice) tile_rows<T, R>(l, tile, units, x, r0, slice, buf, TILE, ahead);
   const int cols = std::min(TILE, n - t * TILE);
   for (int r = 0; r < R; ++r) std::memcpy(out + size_t(r0 + r) * n + t * TILE, buf + r * TILE, sizeof(float) * cols);
 }
@@ -175,18 +173,18 @@ constexpr bool wide_chunks = Traits<T>::kq || T == Q6_K || BLOCK_TYPE_ROWS >= V:
 
 template <int T>
 static void chunk(const Layout& l, const uint8_t* tile, int units, int n, const XQuant& x, int r0, int rows,
-                  float* out, int t, bool stream) {
+                  float* out, int t, size_t ahead) {
   switch (rows) {
-    case 1: tile_chunk<T, 1>(l, tile, units, n, x, r0, out, t, stream); break;
-    case 2: tile_chunk<T, 2>(l, tile, units, n, x, r0, out, t, stream); break;
-    case 3: tile_chunk<T, 3>(l, tile, units, n, x, r0, out, t, stream); break;
-    case 4: tile_chunk<T, 4>(l, tile, units, n, x, r0, out, t, stream); break;
+    case 1: tile_chunk<T, 1>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 2: tile_chunk<T, 2>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 3: tile_chunk<T, 3>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 4: tile_chunk<T, 4>(l, tile, units, n, x, r0, out, t, ahead); break;
 #if MAXR_8
     // only instantiated where used (extra instantiations changed the 4-row code's speed)
-    case 5: if constexpr (wide_chunks<T>) tile_chunk<T, 5>(l, tile, units, n, x, r0, out, t, stream); break;
-    case 6: if constexpr (wide_chunks<T>) tile_chunk<T, 6>(l, tile, units, n, x, r0, out, t, stream); break;
-    case 7: if constexpr (wide_chunks<T>) tile_chunk<T, 7>(l, tile, units, n, x, r0, out, t, stream); break;
-    case 8: if constexpr (wide_chunks<T>) tile_chunk<T, 8>(l, tile, units, n, x, r0, out, t, stream); break;
+    case 5: if constexpr (wide_chunks<T>) tile_chunk<T, 5>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 6: if constexpr (wide_chunks<T>) tile_chunk<T, 6>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 7: if constexpr (wide_chunks<T>) tile_chunk<T, 7>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 8: if constexpr (wide_chunks<T>) tile_chunk<T, 8>(l, tile, units, n, x, r0, out, t, ahead); break;
 #endif
   }
 }
@@ -198,16 +196,27 @@ static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, co
   const int units = k / l.group;
   const bool by_tile = tb * size_t(t1 - t0) > TILE_ORDER_BYTES;
   constexpr int step = wide_chunks<T> ? V::MAXR : std::min(V::MAXR, BLOCK_TYPE_ROWS);
+  // Software prefetch: the first chunk of rows to meet a tile fetches the next tile (tb bytes on),
+  // so the read runs a whole tile's compute ahead, and later chunks of the same tile issue nothing
+  // (their tile is in L1 / L2), except the K-quants' short distance in the chunk-by-chunk walk.
+  // With a fixed 4 KB ahead in every chunk the later chunks left memory idle and the first one
+  // waited: 49152 x 576 Q8_0 at 16 rows 2.45 -> 2.1 ms, 8960 x 1536 Q4_K 0.92 -> 0.84 ms, and at
+  // 1 row 0.76 -> 0.63 ms and 0.20 -> 0.16 ms.
+  const size_t dist = size_t(std::max(0, prefetch_distance()));
+  const size_t next = dist ? tb : 0;
+  const size_t later = Traits<T>::kq || T == Q6_K ? dist : 0;
   for (int b0 = 0; b0 < m; b0 += ROW_BLOCK) {
     const int b1 = std::min(m, b0 + ROW_BLOCK);
     if (by_tile) {
       for (int t = t0; t < t1; ++t)
         for (int r0 = b0; r0 < b1; r0 += step)
-          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t, true);
+          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t,
+                   r0 == b0 ? next : 0);
     } else {
       for (int r0 = b0; r0 < b1; r0 += step)
         for (int t = t0; t < t1; ++t)
-          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t, false);
+          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t,
+                   r0 == b0 ? next : later);
     }
   }
 }
