@@ -160,11 +160,11 @@ static void tile_chunk(const Layout& l, const uint8_t* tile, int units, int n, c
 constexpr int ROW_BLOCK = 64;
 constexpr size_t TILE_ORDER_BYTES = size_t(1) << 20;
 
-// Rows per chunk: V::MAXR for the K-quants, at most BLOCK_TYPE_ROWS for the 32-value block types.
-// AVX-512 on Zen 5 gains from chunks of 8 rows where a block's decode is heavy (K-quant scales:
-// Qwen2.5-1.5B Q4_K_M, a forward over 8 / 16 tokens 132 -> 104 ms / 227 -> 195 ms) and not where
-// it is light (SmolLM2's Q4_1 / Q8_0: 16 tokens 29.3 -> 30.9 ms, and on Zen 4 slower, see
-// docs/benchmarks.md), so those keep chunks of 4. The chunking never changes a row's operations.
+// Rows per chunk: V::MAXR for the K-quants, at most BLOCK_TYPE_ROWS for the 32-value block types
+// (an ISA may define it lower). AVX-512 once kept the block types at chunks of 4 (8 was slower for
+// SmolLM2's Q4_1 / Q8_0); with the accumulators in registers and the next-tile prefetch below, 8
+// is faster on Zen 5 (the head at 16 rows 4.3 -> 2.3 ms; docs/benchmarks.md, seventh pass). Not
+// measured on Zen 4 since. The chunking never changes a row's operations.
 #ifndef BLOCK_TYPE_ROWS
 #define BLOCK_TYPE_ROWS V::MAXR
 #endif
