@@ -103,8 +103,9 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
       const int kb = un * l.blocks + b;
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const size_t xi = size_t(r0 + r) * nb + kb;
-        const int8_t* xr = x.q + size_t(r0 + r) * K + size_t(kb) * 32;
+        // x is laid out chunk by chunk (see chunked_rows): this chunk's rows of block kb side by side
+        const size_t xi = size_t(r0) * nb + size_t(kb) * R + r;
+        const int8_t* xr = x.q + size_t(r0) * K + (size_t(kb) * R + r) * 32;
         const float* dx = x.d + xi;  // broadcast from memory
         const float* ds = x.ds + 3 * xi;
         if constexpr (Tr::split) {
@@ -189,13 +190,42 @@ static void chunk(const Layout& l, const uint8_t* tile, int units, int n, const 
   }
 }
 
+// The activations re-laid for the kernel: rows [r0, r0 + R) of each chunk (the chunks matmul_type
+// cuts) stored block by block, [block][row][32] (and d, s, ds likewise), so that a chunk's rows of
+// one block are adjacent: one pointer and immediate offsets in the row loop instead of R pointers a
+// row apart (GPR spills). The same values in other places: no row's result changes. For one row
+// the layout is the given one. Q4_1 1536 x 576 at 64 rows 0.255 -> 0.226 ms, the head 9.6 -> 8.2.
+static XQuant chunked_rows(const XQuant& x, int m, int step) {
+  static thread_local std::vector<int8_t> q;
+  static thread_local std::vector<float> d, ds;
+  static thread_local std::vector<int32_t> s;
+  const int k = x.k, nb = x.blocks();
+  q.resize(size_t(m) * k), d.resize(size_t(m) * nb), s.resize(size_t(m) * nb * 2), ds.resize(size_t(m) * nb * 3);
+  for (int b0 = 0; b0 < m; b0 += ROW_BLOCK) {
+    const int b1 = std::min(m, b0 + ROW_BLOCK);
+    for (int r0 = b0; r0 < b1; r0 += step) {
+      const int R = std::min(step, b1 - r0);
+      for (int r = 0; r < R; ++r)
+        for (int kb = 0; kb < nb; ++kb) {
+          const size_t from = size_t(r0 + r) * nb + kb, to = size_t(r0) * nb + size_t(kb) * R + r;
+          std::memcpy(&q[to * 32], x.q + from * 32, 32);
+          d[to] = x.d[from];
+          s[2 * to] = x.s[2 * from], s[2 * to + 1] = x.s[2 * from + 1];
+          for (int j = 0; j < 3; ++j) ds[3 * to + j] = x.ds[3 * from + j];
+        }
+    }
+  }
+  return XQuant{q.data(), d.data(), s.data(), ds.data(), k};
+}
+
 template <int T>
-static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& x, int m, float* out,
+static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& rows, int m, float* out,
                         int t0, int t1) {
   const size_t tb = tile_bytes(l, k);
   const int units = k / l.group;
   const bool by_tile = tb * size_t(t1 - t0) > TILE_ORDER_BYTES;
   constexpr int step = wide_chunks<T> ? V::MAXR : std::min(V::MAXR, BLOCK_TYPE_ROWS);
+  const XQuant x = m > 1 ? chunked_rows(rows, m, step) : rows;
   // Software prefetch: the first chunk of rows to meet a tile fetches the next tile (tb bytes on),
   // so the read runs a whole tile's compute ahead, and later chunks of the same tile issue nothing
   // (their tile is in L1 / L2), except the K-quants' short distance in the chunk-by-chunk walk.
