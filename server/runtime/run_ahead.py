@@ -37,10 +37,18 @@ from mlxcel.engine.speculative.verify import PreparedRound
 from mlxcel.server.runtime.slots import PendingSample, SlotRun
 
 RUN_AHEAD_ENV = "MLXCEL_RUN_AHEAD"
+QUIET_ENV = "MLXCEL_RUN_AHEAD_QUIET"  # 0: speculating rows never ride the pipeline (the A/B arm)
 
 
 def enabled() -> bool:
     return os.environ.get(RUN_AHEAD_ENV, "1").lower() not in ("0", "false", "no", "off")
+
+
+def quiet_enabled() -> bool:
+    return os.environ.get(QUIET_ENV, "1").lower() not in ("0", "false", "no", "off")
+
+
+_QUIET = quiet_enabled()
 
 
 def eligible(run: SlotRun | None) -> bool:
@@ -54,7 +62,7 @@ def eligible(run: SlotRun | None) -> bool:
         return False
     if run.spec is None:
         return not run.wants_spec
-    return run.wants_spec and run.spec.quiet_ok
+    return _QUIET and run.wants_spec and run.spec.quiet_ok
 
 
 def quiet_prep(sequence: list[int]) -> PreparedRound:
