@@ -171,10 +171,12 @@ def concurrent(args, model_args) -> int:
                             env={"MLXCEL_RUN_AHEAD_QUIET": "0", **trace("no-quiet")})
     ungoverned = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, "--draft-adaptive", "off",
                                timeout=600, env=trace("ungoverned"))
+    costed = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
+                           env={"MLXCEL_VERIFY_COST": args.cost or "off", **trace("costed")})
     urls = {"plain": plain.url, "lookup": spec.url, "uncapped": uncapped.url, "no-quiet": noquiet.url,
-            "ungoverned": ungoverned.url}
+            "ungoverned": ungoverned.url, "costed": costed.url}
     wanted = args.arms.split(",") if args.arms else ["plain", "lookup", "uncapped"]
-    servers = {"plain": plain, "lookup": spec, "uncapped": uncapped, "no-quiet": noquiet, "ungoverned": ungoverned}
+    servers = {"plain": plain, "lookup": spec, "uncapped": uncapped, "no-quiet": noquiet, "ungoverned": ungoverned, "costed": costed}
     for name in list(urls):
         if name not in wanted:
             servers[name].stop()
@@ -228,8 +230,10 @@ def main() -> int:
     ap.add_argument("-m", "--model", default=None, help="model for both servers (default: the built-in SmolLM2)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of the workloads")
     ap.add_argument("--arms", default=None, help="comma-separated subset of plain,lookup,opt-out (one client); "
-                    "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned (default plain,lookup,uncapped; "
+                    "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned (default plain,lookup,uncapped; costed: --cost; "
                     "no-quiet: the lookup server with MLXCEL_RUN_AHEAD_QUIET=0; ungoverned: --draft-adaptive off)")
+    ap.add_argument("--cost", default=None, help="with --concurrent: MLXCEL_VERIFY_COST=FIXED_MS,PER_TOKEN_MS for "
+                    "the costed arm (the lookup server with that cost model instead of the measured one)")
     ap.add_argument("--trace", default=None, help="with --concurrent: a folder for each server's step trace "
                     "(MLXCEL_TRACE_STEPS, read with scripts/trace_steps.py)")
     ap.add_argument("--mixes", default=None, help="with --concurrent: comma-separated subset of " + ",".join(MIXES))
