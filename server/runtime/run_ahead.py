@@ -20,8 +20,10 @@ A speculating row that drafts nothing this iteration (its lookup found nothing, 
 it, the cost cap left it no draft) is a plain step too when its rule picks the token as plain
 sampling does (greedy, sampler-match: ``SpeculativeSession.quiet_ok``): it rides the pipeline, each
 picked token recorded as a round with nothing drafted (``SpeculativeSession.quiet``), and after each
-pipelined step it looks up its next block as its round would; as soon as a row finds drafts, the
-step's picks are read back at once (settled), so the next iteration verifies them.
+pipelined step it looks up its next block as its round would; a row that finds drafts drops that
+step's forward of its token (``RaggedBatch.rewind``) and keeps the block for the next iteration
+(``SlotRun.carried_prep``); the other rows' picks are read back at once (settled), and that
+iteration verifies the block.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel.engine.sampling.batch_select import Draw, pick_draws
-from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.verify import PreparedRound
 from mlxcel.server.runtime.slots import PendingSample, SlotRun
 
@@ -63,11 +64,6 @@ def eligible(run: SlotRun | None) -> bool:
     if run.spec is None:
         return not run.wants_spec
     return _QUIET and run.wants_spec and run.spec.quiet_ok
-
-
-def quiet_prep(sequence: list[int]) -> PreparedRound:
-    """The prepared round of a row that drafts nothing this step: its block is its pending token."""
-    return PreparedRound(Proposal([]), [], [], None, None, [int(sequence[-1])], len(sequence))
 
 
 @dataclass

@@ -70,7 +70,7 @@ from mlxcel.server.runtime.faults import FaultPlan
 from mlxcel.server.runtime.faults import fail as inject_fault
 from mlxcel.server.runtime.kv_pool import KvPool, exceeded
 from mlxcel.server.runtime.metrics import Metrics
-from mlxcel.server.runtime.run_ahead import Ahead, eligible, quiet_prep
+from mlxcel.server.runtime.run_ahead import Ahead, eligible
 from mlxcel.server.runtime.run_ahead import enabled as run_ahead_enabled
 from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
 from mlxcel.server.runtime.speculation import DECLINED_CACHE, Speculation
@@ -529,7 +529,11 @@ class Scheduler:
                 spec = run.spec
                 cap = None if cost is None else cost.draft_cap(width, spec.counters.accepted,
                                                                spec.counters.positions_tested, spec.n_max, spec.n_min)
-                preps[row] = spec.prepare(run.prompt + run.generated, run.round_room(), cap)
+                carried, run.carried_prep = run.carried_prep, None
+                if carried is not None and carried.position == len(run.prompt) + len(run.generated):
+                    preps[row] = carried  # looked up in the pipelined step before (_step_ahead)
+                else:
+                    preps[row] = spec.prepare(run.prompt + run.generated, run.round_room(), cap)
             except Exception as exc:
                 log.exception("drafting failed in slot %d", row)
                 run.fail(_as_api_error(exc))
@@ -729,8 +733,9 @@ class Scheduler:
         """One pipelined step: the forward over the rows' picked tokens is queued, then the picks are
         read back (one readback) and accepted, and the next tokens are picked from the new logits. A row
         that ended on its pick drops that pick's forward (O(1), ``RaggedBatch.rewind``). A speculating
-        row then looks up its next round's drafts as the round would; when one finds any, the new picks
-        are read back at once (settled), so that the next iteration verifies them."""
+        row then looks up its next round's drafts as the round would; when one finds any, its forward of
+        the token just read is dropped and the block kept for the next iteration to verify
+        (``carried_prep``), and the other rows' new picks are read back at once (settled)."""
         t0 = time.perf_counter()
         ahead, self._ahead = self._ahead, None
         rows, runs = ahead.rows, ahead.runs
@@ -764,11 +769,16 @@ class Scheduler:
                 log.exception("drafting failed in slot %d", rows[j])
                 run.fail(_as_api_error(exc))
                 continue
-            if prep.drafts or prep.cut:  # found drafts: this step's block is already forwarded without them
+            if prep.drafts or prep.cut:
+                # found drafts for the block that starts at the token just read, which this step has
+                # forwarded alone: that forward is dropped (the row is as after an ordinary step) and
+                # the next ordinary iteration verifies the block with its drafts
                 wants_drafts += 1
-                prep = quiet_prep(sequence)
+                run.carried_prep = prep
+                self._ragged.rewind(rows[j], 1)
+                continue
             preps[j] = prep
-        live = [j for j in live if not runs[j].done]
+        live = [j for j in live if not runs[j].done and runs[j].carried_prep is None]
         if live:
             try:
                 self._ahead = Ahead.pick([rows[j] for j in live], [runs[j] for j in live], [logits[j] for j in live],
