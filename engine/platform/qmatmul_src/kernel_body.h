@@ -27,14 +27,18 @@ static inline int prefetch_distance() {
   return bytes;
 }
 
+// The row loops are unrolled explicitly: left to the late unroller, GCC kept the R accumulators in
+// memory (a store and a reload per row and block; Q4_K 8960 x 1536 at 16 rows 1.20 -> 1.10 ms).
+// ahead: how far ahead (bytes) to prefetch the weights, 0 for not at all (see matmul_type).
 template <int T, int R>
 static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQuant& x, int r0, int slice,
-                      float* out, int ldo) {
+                      float* out, int ldo, size_t ahead) {
   using Tr = Traits<T>;
   const int nb = x.blocks();
   const int K = x.k;
   const int lane0 = slice * V::L;  // first feature of this slice inside the tile
   typename V::vf acc[R];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = V::zero();
   for (int un = 0; un < units; ++un) {
     const uint8_t* unit = tile + size_t(un) * l.unit_bytes;
@@ -43,10 +47,10 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
     if constexpr (Tr::kq) dmin = V::half(unit + 32 + 2 * lane0);
     const int block_bytes = l.unit_bytes / l.blocks;
     for (int b = 0; b < l.blocks; ++b) {
-      // K-quant tiles read three streams per unit; with the hardware streamers alone Q6_K read at
-      // 8 GB/s here, with this at 12-17. (For the 32-value block types it only cost: left off.)
-      if (Tr::kq || T == Q6_K) if (slice == 0 && prefetch_distance() > 0) {
-        const uint8_t* pf = unit + prefetch_distance() + b * block_bytes;
+      // With the hardware streamers alone Q6_K read at 8 GB/s here (three streams per unit), and the
+      // head (49152 x 576 Q8_0) at 8 rows took 2.77 ms, 1.2 with this: see matmul_type.
+      if (ahead && slice == 0) {
+        const uint8_t* pf = unit + ahead + b * block_bytes;
         for (int i = 0; i < block_bytes; i += 64) __builtin_prefetch(pf + i);
       }
       const uint8_t* vals = unit + Tr::values + b * (Tr::eight ? 512 : 256) + lane0 * 4;
@@ -97,9 +101,11 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
         M = V::loadf(unit + 64 + 4 * lane0);
       }
       const int kb = un * l.blocks + b;
+#pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const size_t xi = size_t(r0 + r) * nb + kb;
-        const int8_t* xr = x.q + size_t(r0 + r) * K + size_t(kb) * 32;
+        // x is laid out chunk by chunk (see chunked_rows): this chunk's rows of block kb side by side
+        const size_t xi = size_t(r0) * nb + size_t(kb) * R + r;
+        const int8_t* xr = x.q + size_t(r0) * K + (size_t(kb) * R + r) * 32;
         const float* dx = x.d + xi;  // broadcast from memory
         const float* ds = x.ds + 3 * xi;
         if constexpr (Tr::split) {
@@ -132,15 +138,16 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
       }
     }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) V::storef(out + size_t(r) * ldo + lane0, acc[r]);
 }
 
 // Rows [r0, r0 + R) of one tile: all its 16 / L slices, then stored.
 template <int T, int R>
 static void tile_chunk(const Layout& l, const uint8_t* tile, int units, int n, const XQuant& x, int r0, float* out,
-                       int t) {
+                       int t, size_t ahead) {
   alignas(64) float buf[R * TILE];
-  for (int slice = 0; slice < TILE / V::L; ++slice) tile_rows<T, R>(l, tile, units, x, r0, slice, buf, TILE);
+  for (int slice = 0; slice < TILE / V::L; ++slice) tile_rows<T, R>(l, tile, units, x, r0, slice, buf, TILE, ahead);
   const int cols = std::min(TILE, n - t * TILE);
   for (int r = 0; r < R; ++r) std::memcpy(out + size_t(r0 + r) * n + t * TILE, buf + r * TILE, sizeof(float) * cols);
 }
@@ -154,11 +161,11 @@ static void tile_chunk(const Layout& l, const uint8_t* tile, int units, int n, c
 constexpr int ROW_BLOCK = 64;
 constexpr size_t TILE_ORDER_BYTES = size_t(1) << 20;
 
-// Rows per chunk: V::MAXR for the K-quants, at most BLOCK_TYPE_ROWS for the 32-value block types.
-// AVX-512 on Zen 5 gains from chunks of 8 rows where a block's decode is heavy (K-quant scales:
-// Qwen2.5-1.5B Q4_K_M, a forward over 8 / 16 tokens 132 -> 104 ms / 227 -> 195 ms) and not where
-// it is light (SmolLM2's Q4_1 / Q8_0: 16 tokens 29.3 -> 30.9 ms, and on Zen 4 slower, see
-// docs/benchmarks.md), so those keep chunks of 4. The chunking never changes a row's operations.
+// Rows per chunk: V::MAXR for the K-quants, at most BLOCK_TYPE_ROWS for the 32-value block types
+// (an ISA may define it lower). AVX-512 once kept the block types at chunks of 4 (8 was slower for
+// SmolLM2's Q4_1 / Q8_0); with the accumulators in registers and the next-tile prefetch below, 8
+// is faster on Zen 5 (the head at 16 rows 4.3 -> 2.3 ms; docs/benchmarks.md, seventh pass). Not
+// measured on Zen 4 since. The chunking never changes a row's operations.
 #ifndef BLOCK_TYPE_ROWS
 #define BLOCK_TYPE_ROWS V::MAXR
 #endif
@@ -167,39 +174,79 @@ constexpr bool wide_chunks = Traits<T>::kq || T == Q6_K || BLOCK_TYPE_ROWS >= V:
 
 template <int T>
 static void chunk(const Layout& l, const uint8_t* tile, int units, int n, const XQuant& x, int r0, int rows,
-                  float* out, int t) {
+                  float* out, int t, size_t ahead) {
   switch (rows) {
-    case 1: tile_chunk<T, 1>(l, tile, units, n, x, r0, out, t); break;
-    case 2: tile_chunk<T, 2>(l, tile, units, n, x, r0, out, t); break;
-    case 3: tile_chunk<T, 3>(l, tile, units, n, x, r0, out, t); break;
-    case 4: tile_chunk<T, 4>(l, tile, units, n, x, r0, out, t); break;
+    case 1: tile_chunk<T, 1>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 2: tile_chunk<T, 2>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 3: tile_chunk<T, 3>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 4: tile_chunk<T, 4>(l, tile, units, n, x, r0, out, t, ahead); break;
 #if MAXR_8
     // only instantiated where used (extra instantiations changed the 4-row code's speed)
-    case 5: if constexpr (wide_chunks<T>) tile_chunk<T, 5>(l, tile, units, n, x, r0, out, t); break;
-    case 6: if constexpr (wide_chunks<T>) tile_chunk<T, 6>(l, tile, units, n, x, r0, out, t); break;
-    case 7: if constexpr (wide_chunks<T>) tile_chunk<T, 7>(l, tile, units, n, x, r0, out, t); break;
-    case 8: if constexpr (wide_chunks<T>) tile_chunk<T, 8>(l, tile, units, n, x, r0, out, t); break;
+    case 5: if constexpr (wide_chunks<T>) tile_chunk<T, 5>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 6: if constexpr (wide_chunks<T>) tile_chunk<T, 6>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 7: if constexpr (wide_chunks<T>) tile_chunk<T, 7>(l, tile, units, n, x, r0, out, t, ahead); break;
+    case 8: if constexpr (wide_chunks<T>) tile_chunk<T, 8>(l, tile, units, n, x, r0, out, t, ahead); break;
 #endif
   }
 }
 
+// The activations re-laid for the kernel: rows [r0, r0 + R) of each chunk (the chunks matmul_type
+// cuts) stored block by block, [block][row][32] (and d, s, ds likewise), so that a chunk's rows of
+// one block are adjacent: one pointer and immediate offsets in the row loop instead of R pointers a
+// row apart (GPR spills). The same values in other places: no row's result changes. For one row
+// the layout is the given one. Q4_1 1536 x 576 at 64 rows 0.255 -> 0.226 ms, the head 9.6 -> 8.2.
+static XQuant chunked_rows(const XQuant& x, int m, int step) {
+  static thread_local std::vector<int8_t> q;
+  static thread_local std::vector<float> d, ds;
+  static thread_local std::vector<int32_t> s;
+  const int k = x.k, nb = x.blocks();
+  q.resize(size_t(m) * k), d.resize(size_t(m) * nb), s.resize(size_t(m) * nb * 2), ds.resize(size_t(m) * nb * 3);
+  for (int b0 = 0; b0 < m; b0 += ROW_BLOCK) {
+    const int b1 = std::min(m, b0 + ROW_BLOCK);
+    for (int r0 = b0; r0 < b1; r0 += step) {
+      const int R = std::min(step, b1 - r0);
+      for (int r = 0; r < R; ++r)
+        for (int kb = 0; kb < nb; ++kb) {
+          const size_t from = size_t(r0 + r) * nb + kb, to = size_t(r0) * nb + size_t(kb) * R + r;
+          std::memcpy(&q[to * 32], x.q + from * 32, 32);
+          d[to] = x.d[from];
+          s[2 * to] = x.s[2 * from], s[2 * to + 1] = x.s[2 * from + 1];
+          for (int j = 0; j < 3; ++j) ds[3 * to + j] = x.ds[3 * from + j];
+        }
+    }
+  }
+  return XQuant{q.data(), d.data(), s.data(), ds.data(), k};
+}
+
 template <int T>
-static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& x, int m, float* out,
+static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& rows, int m, float* out,
                         int t0, int t1) {
   const size_t tb = tile_bytes(l, k);
   const int units = k / l.group;
   const bool by_tile = tb * size_t(t1 - t0) > TILE_ORDER_BYTES;
   constexpr int step = wide_chunks<T> ? V::MAXR : std::min(V::MAXR, BLOCK_TYPE_ROWS);
+  const XQuant x = m > 1 ? chunked_rows(rows, m, step) : rows;
+  // Software prefetch: the first chunk of rows to meet a tile fetches the next tile (tb bytes on),
+  // so the read runs a whole tile's compute ahead, and later chunks of the same tile issue nothing
+  // (their tile is in L1 / L2), except the K-quants' short distance in the chunk-by-chunk walk.
+  // With a fixed 4 KB ahead in every chunk the later chunks left memory idle and the first one
+  // waited: 49152 x 576 Q8_0 at 16 rows 2.45 -> 2.1 ms, 8960 x 1536 Q4_K 0.92 -> 0.84 ms, and at
+  // 1 row 0.76 -> 0.63 ms and 0.20 -> 0.16 ms.
+  const size_t dist = size_t(std::max(0, prefetch_distance()));
+  const size_t next = dist ? tb : 0;
+  const size_t later = Traits<T>::kq || T == Q6_K ? dist : 0;
   for (int b0 = 0; b0 < m; b0 += ROW_BLOCK) {
     const int b1 = std::min(m, b0 + ROW_BLOCK);
     if (by_tile) {
       for (int t = t0; t < t1; ++t)
         for (int r0 = b0; r0 < b1; r0 += step)
-          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t);
+          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t,
+                   r0 == b0 ? next : 0);
     } else {
       for (int r0 = b0; r0 < b1; r0 += step)
         for (int t = t0; t < t1; ++t)
-          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t);
+          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t,
+                   r0 == b0 ? next : later);
     }
   }
 }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "unit.h"
 
@@ -60,7 +61,6 @@ struct V {
 };
 
 #define MAXR_8 1
-#define BLOCK_TYPE_ROWS 4
 #include "kernel_body.h"
 
 }  // namespace mlxcel_q::avx512
