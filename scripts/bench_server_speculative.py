@@ -160,12 +160,29 @@ def concurrent(args, model_args) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     spec_args = ["--spec-type", "ngram-simple"] + (["--spec-ngram-simple-size-m", str(args.block)] if args.block else [])
-    plain = ServerProcess(*model_args, "-c", "8192", "-np", "8", timeout=600)
-    spec = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600)
+    def trace(arm: str) -> dict:  # --trace DIR: each server's step trace (scripts/trace_steps.py)
+        return {"MLXCEL_TRACE_STEPS": str(Path(args.trace) / f"{arm}.jsonl")} if args.trace else {}
+
+    plain = ServerProcess(*model_args, "-c", "8192", "-np", "8", timeout=600, env=trace("plain"))
+    spec = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600, env=trace("lookup"))
     uncapped = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
-                             env={"MLXCEL_VERIFY_COST": "off"})
-    urls = {"plain": plain.url, "lookup": spec.url, "uncapped": uncapped.url}
+                             env={"MLXCEL_VERIFY_COST": "off", **trace("uncapped")})
+    noquiet = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
+                            env={"MLXCEL_RUN_AHEAD_QUIET": "0", **trace("no-quiet")})
+    ungoverned = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, "--draft-adaptive", "off",
+                               timeout=600, env=trace("ungoverned"))
+    costed = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
+                           env={"MLXCEL_VERIFY_COST": args.cost or "off", **trace("costed")})
+    urls = {"plain": plain.url, "lookup": spec.url, "uncapped": uncapped.url, "no-quiet": noquiet.url,
+            "ungoverned": ungoverned.url, "costed": costed.url}
+    wanted = args.arms.split(",") if args.arms else ["plain", "lookup", "uncapped"]
+    servers = {"plain": plain, "lookup": spec, "uncapped": uncapped, "no-quiet": noquiet, "ungoverned": ungoverned, "costed": costed}
+    for name in list(urls):
+        if name not in wanted:
+            servers[name].stop()
+            del urls[name]
     arms = list(urls)
+    mixes = {m: MIXES[m] for m in args.mixes.split(",")} if args.mixes else MIXES
     best: dict[tuple[str, str], float] = {}
     per_round: dict[tuple[str, str], list[int]] = {}  # drafted, rounds
     load = os.getloadavg()[0]
@@ -173,7 +190,7 @@ def concurrent(args, model_args) -> int:
         for url in urls.values():
             request(url, "Hello", 8, {})
         for rep in range(args.repeats):
-            for m, (mix, names) in enumerate(MIXES.items()):
+            for m, (mix, names) in enumerate(mixes.items()):
                 shift = (rep + m) % len(arms)
                 for arm in arms[shift:] + arms[:shift]:
                     t0 = time.perf_counter()
@@ -187,19 +204,21 @@ def concurrent(args, model_args) -> int:
                     counts[1] += sum(r["rounds"] for r in results)
                     print(f"  rep {rep} {mix:12s} {arm:8s} aggregate {tps:6.1f} tok/s", file=sys.stderr)
     finally:
-        plain.stop()
-        spec.stop()
-        uncapped.stop()
+        for server in servers.values():
+            server.stop()
     print(f"SmolLM2-135M-Instruct (or -m), greedy, {args.max_tokens} tokens a client, best of {args.repeats}; "
           f"load average {load:.2f} before the run\n")
-    print("| mix | clients | plain tok/s | lookup tok/s | lookup / plain | uncapped / plain "
-          "| drafts per round: lookup, uncapped |")
-    print("|---|---|---|---|---|---|---|")
-    for mix, names in MIXES.items():
-        a, b, c = best[(mix, "plain")], best[(mix, "lookup")], best[(mix, "uncapped")]
-        rates = [d / max(r, 1) for d, r in (per_round[(mix, "lookup")], per_round[(mix, "uncapped")])]
-        print(f"| {mix} | {len(names)} | {a:.1f} | {b:.1f} | {b / a:.2f}x | {c / a:.2f}x "
-              f"| {rates[0]:.1f}, {rates[1]:.1f} |")
+    others = [a for a in arms if a != "plain"]
+    print("| mix | clients | " + " | ".join(f"{a} tok/s" for a in arms) + " | "
+          + " | ".join(f"{a} / plain" for a in others) + " | drafts per round: " + ", ".join(others) + " |")
+    print("|---|---|" + "---|" * (len(arms) + 2 * len(others)) if others else "|---|---|---|")
+    for mix, names in mixes.items():
+        base = best[(mix, "plain")] if "plain" in arms else float("nan")
+        rates = [d / max(r, 1) for d, r in (per_round[(mix, a)] for a in others)]
+        print(f"| {mix} | {len(names)} | " + " | ".join(f"{best[(mix, a)]:.1f}" for a in arms) + " | "
+              + " | ".join(f"{best[(mix, a)] / base:.2f}x" for a in others) + " | "
+              + ", ".join(f"{r:.1f}" for r in rates) + " |")
+    print(f"load average after the run {os.getloadavg()[0]:.2f}")
     return 0
 
 
@@ -210,14 +229,21 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=None, help="--spec-ngram-simple-size-m for the lookup server")
     ap.add_argument("-m", "--model", default=None, help="model for both servers (default: the built-in SmolLM2)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of the workloads")
-    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of plain,lookup,opt-out")
+    ap.add_argument("--arms", default=None, help="comma-separated subset of plain,lookup,opt-out (one client); "
+                    "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned (default plain,lookup,uncapped; costed: --cost; "
+                    "no-quiet: the lookup server with MLXCEL_RUN_AHEAD_QUIET=0; ungoverned: --draft-adaptive off)")
+    ap.add_argument("--cost", default=None, help="with --concurrent: MLXCEL_VERIFY_COST=FIXED_MS,PER_TOKEN_MS for "
+                    "the costed arm (the lookup server with that cost model instead of the measured one)")
+    ap.add_argument("--trace", default=None, help="with --concurrent: a folder for each server's step trace "
+                    "(MLXCEL_TRACE_STEPS, read with scripts/trace_steps.py)")
+    ap.add_argument("--mixes", default=None, help="with --concurrent: comma-separated subset of " + ",".join(MIXES))
     ap.add_argument("--concurrent", action="store_true", help="clients sending together (module docstring)")
     args = ap.parse_args()
     if args.concurrent:
         os.environ.setdefault("MLXCEL_LOG", "warning")
         return concurrent(args, ["-m", args.model] if args.model else [])
     workloads = {name: WORKLOADS[name] for name in args.workloads.split(",")}
-    arm_names = tuple(a for a in ARMS if a in args.arms.split(","))
+    arm_names = tuple(a for a in ARMS if a in (args.arms or ",".join(ARMS)).split(","))
     model_args = ["-m", args.model] if args.model else []
     os.environ.setdefault("MLXCEL_LOG", "warning")
     spec_args = ["--spec-type", "ngram-simple"]

@@ -48,7 +48,13 @@ from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.sampling.random_keys import resolve_seed
-from mlxcel.engine.speculative.acceptance import SYNTHETIC, select_rule
+from mlxcel.engine.speculative.acceptance import (
+    GREEDY_ARGMAX,
+    SAMPLER_MATCH,
+    SAMPLER_MATCH_NO_Q,
+    SYNTHETIC,
+    select_rule,
+)
 from mlxcel.engine.speculative.batch_decide import DecideRow, decide_rounds
 from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
 from mlxcel.engine.speculative.proposal import Proposal
@@ -63,6 +69,9 @@ from mlxcel.engine.speculative.verify import (
 )
 
 log = logging.getLogger(__name__)
+
+# rules whose round with nothing drafted emits ``chain.select``'s choice, the plain step's own
+QUIET_RULES = frozenset({GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q})
 
 @dataclass
 class SpeculativeCounters:
@@ -281,6 +290,25 @@ class SpeculativeSession:
         """What :meth:`decide` decides, as one row of :func:`decide_together`."""
         return DecideRow(prep, logits, chain, self.drafter, sequence, rule=self.rule, seed=self.seed,
                          diagnostics=self.diagnostics, synth_probs=self.synth_probs, grammar=self.grammar)
+
+    @property
+    def quiet_ok(self) -> bool:
+        """Whether a round of this session with nothing drafted picks its token exactly as a plain
+        decode step does (``chain.select`` at the same position and key): then the scheduler may run
+        such a round inside its pipelined plain steps (:meth:`quiet`, ``server/runtime/run_ahead.py``).
+        True for the rules that walk the sampler's own choices (greedy, sampler-match) on a batchable
+        drafter; never for the stochastic or the synthetic rule, nor under a grammar."""
+        return self.batchable and self.grammar is None and self.rule in QUIET_RULES
+
+    def quiet(self, prep: PreparedRound, sequence: Sequence[int], token: int) -> RoundResult:
+        """A round with nothing drafted (``prep.drafts`` empty) whose token ``token`` was picked as a
+        plain step picks it (:attr:`quiet_ok`): the result its :meth:`decide` gives, the drafter told
+        the same. The caller emits and records it as any round."""
+        if prep.drafts or prep.cut:
+            raise ValueError("a quiet round drafts nothing")
+        result = RoundResult([int(token)], len(prep.proposed), 0, 0)
+        observe_round(self.drafter, prep, sequence, result)
+        return result
 
     def record(self, result: RoundResult, used: int | None = None) -> int:
         """Count ``result``, of which ``used`` emitted tokens were kept; return the accepted drafts counted."""

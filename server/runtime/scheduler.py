@@ -74,6 +74,7 @@ from mlxcel.server.runtime.run_ahead import Ahead, eligible
 from mlxcel.server.runtime.run_ahead import enabled as run_ahead_enabled
 from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
 from mlxcel.server.runtime.speculation import DECLINED_CACHE, Speculation
+from mlxcel.server.runtime.step_trace import StepTrace
 from mlxcel.server.runtime.task import Deferred, Failed, Final, GenerationOptions, Job, Task
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class Scheduler:
         # pipelined plain decode steps (runtime/run_ahead.py): the rows' next tokens picked, not yet read
         self._ahead: Ahead | None = None
         self._run_ahead = run_ahead_enabled()
+        self._step_trace = StepTrace()  # MLXCEL_TRACE_STEPS (runtime/step_trace.py); off by default
         self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
         self.faults = FaultPlan.from_env()
         self.lockstep = None  # serving across ranks: runtime/lockstep.py's Leader or Follower
@@ -503,6 +505,7 @@ class Scheduler:
                 self._step_ahead()
                 return
             self._settle_ahead()
+        t_step = time.perf_counter()
         for row in list(self._ragged.rows):
             slot = self.slots[row]
             if slot.run is None:  # its request was ended elsewhere (lockstep): nothing left to forward
@@ -526,7 +529,11 @@ class Scheduler:
                 spec = run.spec
                 cap = None if cost is None else cost.draft_cap(width, spec.counters.accepted,
                                                                spec.counters.positions_tested, spec.n_max, spec.n_min)
-                preps[row] = spec.prepare(run.prompt + run.generated, run.round_room(), cap)
+                carried, run.carried_prep = run.carried_prep, None
+                if carried is not None and carried.position == len(run.prompt) + len(run.generated):
+                    preps[row] = carried  # looked up in the pipelined step before (_step_ahead)
+                else:
+                    preps[row] = spec.prepare(run.prompt + run.generated, run.round_room(), cap)
             except Exception as exc:
                 log.exception("drafting failed in slot %d", row)
                 run.fail(_as_api_error(exc))
@@ -565,16 +572,19 @@ class Scheduler:
                 plan.add(row, [], self._ragged.length(row))  # a prompt waiting for the chunk budget
         runs = [self.slots[r].run for r in plan.rows]
         sampling = [j for j, row in enumerate(plan.rows) if plan.logits[j] and row not in preps]
-        ahead = not chunks and not preps and decoding == plan.rows and self._may_run_ahead(plan.rows, runs)
+        quiet = all(not p.drafts and not p.cut for p in preps.values())  # no row verifies drafts
+        ahead = not chunks and quiet and decoding == plan.rows and self._may_run_ahead(plan.rows, runs)
         try:
             if any(self.slots[r].run.fault == "forward" for r in decoding):
                 inject_fault("forward")
             logits = self._ragged.forward(plan)
             if ahead:  # the tokens are read back after the next step is queued (_step_ahead)
-                self._ahead = Ahead.pick(list(plan.rows), runs, [x[0] for x in logits])
+                self._ahead = Ahead.pick(list(plan.rows), runs, [x[0] for x in logits],
+                                         [preps.get(r) for r in plan.rows])
             else:
                 allowed = self._masks([runs[j] for j in sampling], self.vocab_size)  # while the forward runs
                 mx.eval([x for x in logits if x is not None])
+                t_forward = time.perf_counter()
         except Exception as exc:
             log.exception("the iteration's forward failed; failing its %d rows", len(plan))
             error = _as_api_error(exc)
@@ -584,6 +594,7 @@ class Scheduler:
             return
         if ahead:
             self._count_plain_step(len(plan))
+            self._trace(t_step, "step-ahead", plan, preps, len(chunks), 0, None)
             return
         now = time.perf_counter()
         finished = []
@@ -623,8 +634,21 @@ class Scheduler:
             self.metrics.record_decode(len(decoding))
         if self.speculation is not None:  # a server that never speculates shows upstream's metrics only
             self.metrics.record_step(len(plan), plan.n_tokens, accepted_total)
+        self._trace(t_step, "step", plan, preps, len(chunks), accepted_total, t_forward)
         for row in finished:
             self._release(self.slots[row], send=not self.slots[row].run.task_failed)
+
+    def _trace(self, t0: float, kind: str, plan: StepPlan, preps: dict, prefilling: int, accepted: int,
+               t_forward: float | None) -> None:
+        """One line of the opt-in step trace (``runtime/step_trace.py``)."""
+        if not self._step_trace.on:
+            return
+        drafts = sum(len(p.drafts) for p in preps.values())
+        self._step_trace.record(kind=kind, t0=t0, rows=len(plan), tokens=plan.n_tokens, prefill_rows=prefilling,
+                                verify_rows=sum(1 for p in preps.values() if p.drafts),
+                                quiet_rows=sum(1 for p in preps.values() if not p.drafts),
+                                drafts=drafts, accepted=accepted,
+                                forward_ms=None if t_forward is None else (t_forward - t0) * 1e3)
 
     # -- pipelined plain steps (runtime/run_ahead.py) ---------------------------------------------------
 
@@ -677,7 +701,7 @@ class Scheduler:
         now = time.perf_counter()
         for j, value in zip(keep, values):
             row, run = ahead.rows[j], ahead.runs[j]
-            self._accept_pick(row, run, ahead.pending[j], value, now)
+            self._accept_pick(row, run, ahead.pending[j], value, now, ahead.preps[j])
             if run.done:
                 self._release(self.slots[row], send=not run.task_failed)
 
@@ -689,10 +713,17 @@ class Scheduler:
             if row in self._ragged:
                 self._ragged.rewind(row, 1)
 
-    def _accept_pick(self, row: int, run: SlotRun, pending, value, now: float) -> None:
+    def _accept_pick(self, row: int, run: SlotRun, pending, value, now: float, prep=None) -> None:
+        """Accept a row's picked token; a speculating row's (``prep``: its round, nothing drafted) as
+        the round with nothing drafted that it is (``SpeculativeSession.quiet``)."""
         try:
             if isinstance(value, Exception):
                 raise value
+            if prep is not None and run.spec is not None:
+                result = run.spec.quiet(prep, run.prompt + run.generated, run.sampled(pending, value))
+                run.last_step = {"rows": len(self._ragged), "tokens": len(self._ragged), "drafted": 0, "accepted": 0}
+                self._emit(run, result)
+                return
             run.accept(run.sampled(pending, value), now)
         except Exception as exc:
             log.exception("sampling failed in slot %d", row)
@@ -701,7 +732,11 @@ class Scheduler:
     def _step_ahead(self) -> None:
         """One pipelined step: the forward over the rows' picked tokens is queued, then the picks are
         read back (one readback) and accepted, and the next tokens are picked from the new logits. A row
-        that ended on its pick drops that pick's forward (O(1), ``RaggedBatch.rewind``)."""
+        that ended on its pick drops that pick's forward (O(1), ``RaggedBatch.rewind``). A speculating
+        row then looks up its next round's drafts as the round would; when one finds any, its forward of
+        the token just read is dropped and the block kept for the next iteration to verify
+        (``carried_prep``), and the other rows' new picks are read back at once (settled)."""
+        t0 = time.perf_counter()
         ahead, self._ahead = self._ahead, None
         rows, runs = ahead.rows, ahead.runs
         try:
@@ -713,13 +748,41 @@ class Scheduler:
             self._fail_rows(rows, runs, error)
             self._ragged = RaggedBatch(self.lm.model)
             return
-        now = time.perf_counter()
+        t_read = time.perf_counter()
+        now = t_read
         for j, (row, run) in enumerate(zip(rows, runs)):
-            self._accept_pick(row, run, ahead.pending[j], values[j], now)
+            self._accept_pick(row, run, ahead.pending[j], values[j], now, ahead.preps[j])
         live = [j for j, run in enumerate(runs) if not run.done]
+        wants_drafts, preps = 0, {}
+        cost = self.speculation.verify_cost if self.speculation is not None else None
+        for j in live:
+            run = runs[j]
+            if ahead.preps[j] is None or run.spec is None:
+                continue
+            sequence = run.prompt + run.generated
+            try:
+                spec = run.spec
+                cap = None if cost is None else cost.draft_cap(len(rows), spec.counters.accepted,
+                                                               spec.counters.positions_tested, spec.n_max, spec.n_min)
+                prep = spec.prepare(sequence, run.round_room(), cap)
+            except Exception as exc:
+                log.exception("drafting failed in slot %d", rows[j])
+                run.fail(_as_api_error(exc))
+                continue
+            if prep.drafts or prep.cut:
+                # found drafts for the block that starts at the token just read, which this step has
+                # forwarded alone: that forward is dropped (the row is as after an ordinary step) and
+                # the next ordinary iteration verifies the block with its drafts
+                wants_drafts += 1
+                run.carried_prep = prep
+                self._ragged.rewind(rows[j], 1)
+                continue
+            preps[j] = prep
+        live = [j for j in live if not runs[j].done and runs[j].carried_prep is None]
         if live:
             try:
-                self._ahead = Ahead.pick([rows[j] for j in live], [runs[j] for j in live], [logits[j] for j in live])
+                self._ahead = Ahead.pick([rows[j] for j in live], [runs[j] for j in live], [logits[j] for j in live],
+                                         [preps.get(j) for j in live])
             except Exception as exc:
                 log.exception("sampling failed in the pipelined decode step")
                 for j in live:
@@ -729,6 +792,12 @@ class Scheduler:
             if run.done:
                 self._ragged.rewind(row, 1)  # the forward over the token it ended on is not kept
                 self._release(self.slots[row], send=not run.task_failed)
+        if wants_drafts and self._ahead is not None:
+            self._settle_ahead()  # the rows as after an ordinary step: the next iteration drafts
+        if self._step_trace.on:
+            self._step_trace.record(kind="ahead", t0=t0, rows=len(rows), tokens=len(rows), prefill_rows=0,
+                                    verify_rows=0, quiet_rows=sum(1 for p in ahead.preps if p is not None),
+                                    drafts=0, accepted=0, read_ms=(t_read - t0) * 1e3, settled=bool(wants_drafts))
 
     def _count_plain_step(self, rows: int) -> None:
         """A ragged step of ``rows`` plain decoding rows, one token each, in the metrics and /slots."""

@@ -144,6 +144,7 @@ class SlotRun:
         self.t_last = 0.0
         self.spec: SpeculativeSession | None = None  # while this request speculates
         self.wants_spec = False  # the request speculates once its prefill is done
+        self.carried_prep = None  # a round prepared in a pipelined step, verified by the next ordinary one
         self.features: list[TargetFeatures] | None = None  # a model drafter's features of every cached token
         self.spec_ended: SpeculativeSession | None = None  # speculated until a context shift (its counters)
         self.last_step: dict[str, int] | None = None  # the last shared verify forward it was in (/slots)

@@ -14,7 +14,11 @@ from mlxcel.engine.decode.kv_cache import cache_length
 from mlxcel.engine.decode.ragged import RaggedBatch
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.speculative.session import SpeculativeSession
+from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.scheduler import Scheduler
+from mlxcel.server.runtime.speculation import Speculation
+from mlxcel.server.runtime.speculation_settings import resolve
 from mlxcel.server.runtime.task import Failed, Final, GenerationOptions, Task
 
 PROMPTS = ["a b c a b c a b c a b", "the cat sat. the cat sat. the", "1 2 3 1 2 3 1 2", "x y x y x y x y x"]
@@ -79,8 +83,8 @@ def summary(results):
     return [(r.tokens, r.content, r.stop_type, r.n_predicted) for r in results]
 
 
-def scheduler_for(lm, run_ahead: bool, n_slots=4) -> Scheduler:
-    scheduler = Scheduler(lm, n_slots=n_slots, n_ctx=512)
+def scheduler_for(lm, run_ahead: bool, n_slots=4, speculation=None) -> Scheduler:
+    scheduler = Scheduler(lm, n_slots=n_slots, n_ctx=512, speculation=speculation)
     scheduler._run_ahead = run_ahead
     return scheduler
 
@@ -147,3 +151,31 @@ def test_a_cancelled_request_frees_its_slot_and_the_others_go_on(q8):
     scheduler._iteration()
     assert summary([t.events[-1].result for t in keep]) == summary([a for i, a in enumerate(alone) if i != 2])
     check_caches(scheduler)
+
+
+def test_lookup_rows_with_nothing_drafted_ride_the_pipeline_with_their_own_tokens(q8, monkeypatch):
+    """Prompt-lookup rows (greedy and seeded sampler-match, penalties) that draft nothing in an
+    iteration decode in the pipelined step (``SpeculativeSession.quiet``); each row's tokens, text,
+    stop reason and kept cache equal the same request's alone, and equal those without the pipeline."""
+    settings = resolve(ServerConfig(spec_type="ngram-simple", spec_ngram_simple_size_m=4))
+    lookup = Speculation.load(settings, q8, measure_cost=False)
+    quiet = []
+    real = SpeculativeSession.quiet
+
+    def spy(self, prep, sequence, token):
+        quiet.append(token)
+        return real(self, prep, sequence, token)
+
+    monkeypatch.setattr(SpeculativeSession, "quiet", spy)
+    calls = spy_steps(monkeypatch)
+    n_predict = (24, 20, 28, 16)
+    alone = [run(scheduler_for(q8, False, speculation=lookup), [t])[0] for t in make_tasks(q8, n_predict)]
+    plain = [run(scheduler_for(q8, False), [t])[0] for t in make_tasks(q8, n_predict)]
+    assert quiet == []  # without the pipeline a round with nothing drafted is decided as any round
+    for join_late in ((), (1, 3)):
+        scheduler = scheduler_for(q8, True, speculation=lookup)
+        together = run(scheduler, make_tasks(q8, n_predict), join_late=join_late)
+        check_caches(scheduler)
+        assert summary(together) == summary(alone)
+    assert summary(alone) == summary(plain)  # lookup never changes the tokens under these rules
+    assert quiet and calls  # some rows did ride the pipeline
