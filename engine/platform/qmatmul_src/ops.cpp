@@ -105,6 +105,18 @@ class Pool {
       fn(0, units);
       return;
     }
+    // One call at a time owns the pool: the job, grain and done counters are the call's. A second
+    // thread calling meanwhile (two MLX streams evaluating at once; a call made from inside a grain)
+    // computes its job alone, which changes no bits; sharing the counters would let the two calls
+    // clobber each other's grains, and the caller would wait forever for grains nobody computes.
+    if (busy_.exchange(true, std::memory_order_acquire)) {
+      fn(0, units);
+      return;
+    }
+    struct Release {
+      std::atomic<bool>& flag;
+      ~Release() { flag.store(false, std::memory_order_release); }
+    } release{busy_};
     job_.store(&fn, std::memory_order_relaxed);
     units_.store(units, std::memory_order_relaxed);
     grains_.store(grains, std::memory_order_relaxed);
@@ -192,6 +204,7 @@ class Pool {
   std::atomic<int> sleeping_{0};
   std::atomic<uint32_t> wake_{0};
   std::atomic<bool> stop_{false};
+  std::atomic<bool> busy_{false};  // a call owns the pool (run)
   long st_calls_ = 0, st_grains_ = 0, st_mine_ = 0, st_long_ = 0;
   double st_wait_us_ = 0;
   std::atomic<long> st_sleeps_{0}, st_wjobs_{0}, st_wgrains_{0};

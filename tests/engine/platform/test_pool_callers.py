@@ -1,0 +1,57 @@
+"""The kernels' thread pool with two callers at once: MLX gives every Python thread its own stream,
+so two threads evaluating at the same time (the engine thread and one preparing a request, say)
+call the kernels from two stream threads concurrently. Each call must still finish and give the
+bits it gives alone. Before the pool let one call own it at a time, the two calls shared its grain
+counters and the first caller waited forever for grains nobody computed (a hung server at ``-t 2``).
+
+The callers run in a child process, so a hang fails the test by its timeout instead of hanging the suite."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+CHILD = textwrap.dedent("""
+    import threading
+    import mlx.core as mx
+    import numpy as np
+    from mlxcel.engine.platform import qmatmul
+
+    qmatmul.set_threads(2)
+    qmatmul.set_thread_split(1, 0)  # every call split among the threads, as finely as it goes
+    rng = np.random.default_rng(0)
+    n, k = 1536, 576
+    raw = rng.integers(0, 256, size=(n, k // 32, 34), dtype=np.uint8)
+    raw[:, :, 0:2] = (rng.standard_normal((n, k // 32)) * 0.02).astype(np.float16).view(np.uint8).reshape(
+        n, k // 32, 2)
+    w = qmatmul.pack_gguf(raw.reshape(n, -1), 8, n, k)  # Q8_0
+    xs = [mx.array(rng.standard_normal((m, k)).astype(np.float32)) for m in (1, 8)]
+    refs = [np.array(qmatmul.qmatmul(x, w)) for x in xs]
+    wrong = []
+
+    def loop(which):
+        with mx.stream(mx.new_stream(mx.cpu)):
+            x, ref = xs[which], refs[which]
+            for _ in range(1500):
+                y = qmatmul.qmatmul(x, w)
+                mx.eval(y)
+                if not np.array_equal(np.array(y), ref):
+                    wrong.append(which)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in (0, 1, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("done", len(wrong))
+""")
+
+
+def test_two_threads_calling_the_kernels_at_once_finish_with_their_own_bits():
+    try:
+        out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("concurrent kernel calls hung the thread pool") from None
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["done", "0"], out.stdout + out.stderr[-2000:]
