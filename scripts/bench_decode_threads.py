@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 
-from bench_forward_width import parse_builds, use_build  # (scripts/ is on the path when a script runs)
+from extension_builds import parse_builds, use_build  # (scripts/ is on the path when a script runs)
 
 
 def child(args) -> dict:

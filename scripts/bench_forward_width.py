@@ -28,28 +28,9 @@ import subprocess
 import sys
 import time
 
+from extension_builds import add_build_arguments, parse_builds, use_build  # scripts/ is on the path
+
 WIDTHS = (1, 2, 4, 8, 16)
-
-
-def use_build(path: str) -> None:
-    """Import the extension from ``path`` in place of the installed one (before anything loads it)."""
-    import importlib.util
-
-    name = "mlxcel.engine.platform._qmatmul"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    sys.modules[name] = module
-
-
-def parse_builds(spec: str) -> list[tuple[str, str, dict[str, str]]]:
-    """``NAME=PATH[:VAR=VALUE...],...`` -> (name, extension path, environment) per build."""
-    builds = []
-    for item in spec.split(","):
-        name, rest = item.split("=", 1)
-        path, *settings = rest.split(":")
-        builds.append((name, path, dict(s.split("=", 1) for s in settings)))
-    return builds
 
 
 def child(args) -> dict:
@@ -104,10 +85,7 @@ def main() -> None:
     ap.add_argument("--arms", default="packed,f32")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="cpu: the process's CPU time (all its threads), robust to other jobs on the cores")
-    ap.add_argument("--builds", default="", help="NAME=PATH,... extension builds to compare (packed arms)")
-    ap.add_argument("--rounds", type=int, default=3, help="child processes per build with --builds")
-    ap.add_argument("--build", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_build_arguments(ap, rounds=3)  # the builds run the packed arm
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args)))

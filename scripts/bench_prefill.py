@@ -18,16 +18,12 @@ import subprocess
 import sys
 import time
 
+from extension_builds import add_build_arguments, parse_builds, use_build  # scripts/ is on the path
+
 
 def child(args) -> dict:
     if args.build:
-        import importlib.util
-
-        name = "mlxcel.engine.platform._qmatmul"
-        spec = importlib.util.spec_from_file_location(name, args.build)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
+        use_build(args.build)
     import mlx.core as mx
 
     from mlxcel.engine.decode.plain import prefill
@@ -62,15 +58,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu")
-    ap.add_argument("--builds", default="", help="NAME=PATH,... extension builds to compare")
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--build", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_build_arguments(ap, rounds=2)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args)))
         return
-    builds = [b.split("=", 1) for b in args.builds.split(",")] if args.builds else [("installed", "")]
+    builds = [(name, path) for name, path, _ in parse_builds(args.builds)]
     load = os.getloadavg()[0]
     best: dict[str, dict[str, float]] = {}
     for _ in range(args.rounds if args.builds else 1):

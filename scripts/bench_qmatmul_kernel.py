@@ -21,6 +21,8 @@ import subprocess
 import sys
 import time
 
+from extension_builds import add_build_arguments, parse_builds, use_build  # scripts/ is on the path
+
 # (label, ggml type, n, k): SmolLM2's MLP and head, Qwen2.5-1.5B's MLP down and attention.
 SHAPES = [("1536x576 Q4_1", 3, 1536, 576), ("49152x576 Q8_0 (head)", 8, 49152, 576),
           ("8960x1536 Q4_K", 12, 8960, 1536), ("1536x1536 Q6_K", 14, 1536, 1536)]
@@ -30,13 +32,7 @@ CACHE_BYTES = 96 << 20
 
 def child(args) -> dict:
     if args.build:
-        import importlib.util
-
-        name = "mlxcel.engine.platform._qmatmul"
-        spec = importlib.util.spec_from_file_location(name, args.build)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        sys.modules[name] = module
+        use_build(args.build)
     import mlx.core as mx
     import numpy as np
     from gguf import GGML_QUANT_SIZES
@@ -75,15 +71,12 @@ def child(args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=60)
-    ap.add_argument("--builds", default="", help="NAME=PATH,... extension builds to compare")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--build", default="", help=argparse.SUPPRESS)
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    add_build_arguments(ap, rounds=3)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args)))
         return
-    builds = [b.split("=", 1) for b in args.builds.split(",")] if args.builds else [("installed", "")]
+    builds = [(name, path) for name, path, _ in parse_builds(args.builds)]
     load = os.getloadavg()[0]
     per: dict[str, list[dict]] = {}
     for _ in range(args.rounds if args.builds else 1):
