@@ -515,7 +515,6 @@ class Scheduler:
         if not len(self._ragged):
             return
         preps, decoding, chunks = {}, [], {}
-        cost = self.speculation.verify_cost if self.speculation is not None else None
         width = sum(1 for r in self._ragged.rows if not self.slots[r].run.prefilling)
         for row in list(self._ragged.rows):
             slot = self.slots[row]
@@ -527,8 +526,7 @@ class Scheduler:
                 continue
             try:
                 spec = run.spec
-                cap = None if cost is None else cost.draft_cap(width, spec.counters.accepted,
-                                                               spec.counters.positions_tested, spec.n_max, spec.n_min)
+                cap = self._draft_cap(spec, width)
                 carried, run.carried_prep = run.carried_prep, None
                 if carried is not None and carried.position == len(run.prompt) + len(run.generated):
                     preps[row] = carried  # looked up in the pipelined step before (_step_ahead)
@@ -650,6 +648,14 @@ class Scheduler:
                                 drafts=drafts, accepted=accepted,
                                 forward_ms=None if t_forward is None else (t_forward - t0) * 1e3)
 
+    def _draft_cap(self, spec, width: int) -> int | None:
+        """The most drafts ``spec``'s row may bring to a forward of ``width`` decoding rows (the verify
+        cost model's cap, ``verify_cost.VerifyCost.draft_cap``); None without a cost model."""
+        cost = self.speculation.verify_cost if self.speculation is not None else None
+        if cost is None:
+            return None
+        return cost.draft_cap(width, spec.counters.accepted, spec.counters.positions_tested, spec.n_max, spec.n_min)
+
     # -- pipelined plain steps (runtime/run_ahead.py) ---------------------------------------------------
 
     def _may_run_ahead(self, rows: list[int], runs: list[SlotRun]) -> bool:
@@ -754,7 +760,6 @@ class Scheduler:
             self._accept_pick(row, run, ahead.pending[j], values[j], now, ahead.preps[j])
         live = [j for j, run in enumerate(runs) if not run.done]
         wants_drafts, preps = 0, {}
-        cost = self.speculation.verify_cost if self.speculation is not None else None
         for j in live:
             run = runs[j]
             if ahead.preps[j] is None or run.spec is None:
@@ -762,8 +767,7 @@ class Scheduler:
             sequence = run.prompt + run.generated
             try:
                 spec = run.spec
-                cap = None if cost is None else cost.draft_cap(len(rows), spec.counters.accepted,
-                                                               spec.counters.positions_tested, spec.n_max, spec.n_min)
+                cap = self._draft_cap(spec, len(rows))
                 prep = spec.prepare(sequence, run.round_room(), cap)
             except Exception as exc:
                 log.exception("drafting failed in slot %d", rows[j])
