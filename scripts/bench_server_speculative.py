@@ -25,7 +25,9 @@ tokens/s over the whole request as the client saw it, and decode tokens per targ
 (all clients' completion tokens / the time from the first send to the last answer), best of the
 repeats, the ratio lookup / plain, and the 1-minute load average before the run. A third arm,
 ``uncapped``, is the lookup server with the per-row draft cap off (``MLXCEL_VERIFY_COST=off``: every
-row drafts up to its block whatever the batch width), and each lookup arm's drafts per round.
+row drafts up to its block whatever the batch width), and each lookup arm's drafts per round. The arm
+``at-load`` is the lookup server with the cost model measured at load and never learned
+(``MLXCEL_VERIFY_COST=measured``), against ``lookup``'s learned one.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py --concurrent [--max-tokens 96]
 """
@@ -173,10 +175,13 @@ def concurrent(args, model_args) -> int:
                                timeout=600, env=trace("ungoverned"))
     costed = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
                            env={"MLXCEL_VERIFY_COST": args.cost or "off", **trace("costed")})
+    at_load = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
+                            env={"MLXCEL_VERIFY_COST": "measured", **trace("at-load")})
     urls = {"plain": plain.url, "lookup": spec.url, "uncapped": uncapped.url, "no-quiet": noquiet.url,
-            "ungoverned": ungoverned.url, "costed": costed.url}
+            "ungoverned": ungoverned.url, "costed": costed.url, "at-load": at_load.url}
     wanted = args.arms.split(",") if args.arms else ["plain", "lookup", "uncapped"]
-    servers = {"plain": plain, "lookup": spec, "uncapped": uncapped, "no-quiet": noquiet, "ungoverned": ungoverned, "costed": costed}
+    servers = {"plain": plain, "lookup": spec, "uncapped": uncapped, "no-quiet": noquiet, "ungoverned": ungoverned, "costed": costed,
+               "at-load": at_load}
     for name in list(urls):
         if name not in wanted:
             servers[name].stop()
@@ -230,7 +235,8 @@ def main() -> int:
     ap.add_argument("-m", "--model", default=None, help="model for both servers (default: the built-in SmolLM2)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of the workloads")
     ap.add_argument("--arms", default=None, help="comma-separated subset of plain,lookup,opt-out (one client); "
-                    "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned (default plain,lookup,uncapped; costed: --cost; "
+                    "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned,costed,at-load (default plain,lookup,uncapped; "
+                    "costed: --cost; at-load: the cost model measured at load and never learned, MLXCEL_VERIFY_COST=measured; "
                     "no-quiet: the lookup server with MLXCEL_RUN_AHEAD_QUIET=0; ungoverned: --draft-adaptive off)")
     ap.add_argument("--cost", default=None, help="with --concurrent: MLXCEL_VERIFY_COST=FIXED_MS,PER_TOKEN_MS for "
                     "the costed arm (the lookup server with that cost model instead of the measured one)")
