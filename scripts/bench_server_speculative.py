@@ -165,27 +165,27 @@ def concurrent(args, model_args) -> int:
     def trace(arm: str) -> dict:  # --trace DIR: each server's step trace (scripts/trace_steps.py)
         return {"MLXCEL_TRACE_STEPS": str(Path(args.trace) / f"{arm}.jsonl")} if args.trace else {}
 
-    plain = ServerProcess(*model_args, "-c", "8192", "-np", "8", timeout=600, env=trace("plain"))
-    spec = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600, env=trace("lookup"))
-    uncapped = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
-                             env={"MLXCEL_VERIFY_COST": "off", **trace("uncapped")})
-    noquiet = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
-                            env={"MLXCEL_RUN_AHEAD_QUIET": "0", **trace("no-quiet")})
-    ungoverned = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, "--draft-adaptive", "off",
-                               timeout=600, env=trace("ungoverned"))
-    costed = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
-                           env={"MLXCEL_VERIFY_COST": args.cost or "off", **trace("costed")})
-    at_load = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
-                            env={"MLXCEL_VERIFY_COST": "measured", **trace("at-load")})
-    urls = {"plain": plain.url, "lookup": spec.url, "uncapped": uncapped.url, "no-quiet": noquiet.url,
-            "ungoverned": ungoverned.url, "costed": costed.url, "at-load": at_load.url}
+    server_args = (*model_args, "-c", "8192", "-np", "8")
+    arm_setups = {  # per arm: its server's extra flags and environment
+        "plain": ((), {}),
+        "lookup": (spec_args, {}),
+        "uncapped": (spec_args, {"MLXCEL_VERIFY_COST": "off"}),
+        "no-quiet": (spec_args, {"MLXCEL_RUN_AHEAD_QUIET": "0"}),
+        "ungoverned": ((*spec_args, "--draft-adaptive", "off"), {}),
+        "costed": (spec_args, {"MLXCEL_VERIFY_COST": args.cost or "off"}),
+        "at-load": (spec_args, {"MLXCEL_VERIFY_COST": "measured"}),
+    }
     wanted = args.arms.split(",") if args.arms else ["plain", "lookup", "uncapped"]
-    servers = {"plain": plain, "lookup": spec, "uncapped": uncapped, "no-quiet": noquiet, "ungoverned": ungoverned, "costed": costed,
-               "at-load": at_load}
-    for name in list(urls):
-        if name not in wanted:
-            servers[name].stop()
-            del urls[name]
+    servers: dict[str, ServerProcess] = {}
+    try:  # only the arms asked for are started
+        for name, (flags, env) in arm_setups.items():
+            if name in wanted:
+                servers[name] = ServerProcess(*server_args, *flags, timeout=600, env={**env, **trace(name)})
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
+    urls = {name: server.url for name, server in servers.items()}
     arms = list(urls)
     mixes = {m: MIXES[m] for m in args.mixes.split(",")} if args.mixes else MIXES
     best: dict[tuple[str, str], float] = {}
