@@ -35,27 +35,31 @@ starts, and on shared cores two servers of one run measured 5.4 + 0.89 and 13.7 
 So the server goes on measuring with the steps it actually runs (the scheduler reports them):
 
 * every ragged step it waits for (a verify step, or a plain step that is not pipelined) is a sample
-  ``(N, ms)``; ``fixed_ms`` and ``per_token_ms`` are the weighted least-squares line through the
+  ``(N, ms)``, the ms from the step's start to its end (the rows' lookups, the forward, the
+  decisions: what the step costs the batch); ``fixed_ms`` and ``per_token_ms`` are the weighted least-squares line through the
   samples, each sample's weight decaying by :data:`DECAY` with every newer one (so the fit follows
   the context and the load as they change, over the last few dozen steps), plus the load-time line
   as two light pseudo-samples that never decay (:data:`PRIOR_WEIGHT` each, at the measurement's
   two ends), which keep the line defined while every step carries the same ``N``;
 * a step the pipeline runs (``server/runtime/run_ahead.py``: the next forward queued before this
-  one's tokens are read back) costs less than the same forward waited for: its host work overlaps
-  the forward. Its sample is ``(B rows, ms between two pipelined steps)``, and what is learned is
+  one's tokens are read back) should cost less than the same forward waited for, its host work
+  overlapping the forward (on a quiet machine 4 rows took ~10 ms, 2.5 ms a token; on busy shared
+  cores it hid little: ``docs/benchmarks.md``). Its sample is ``(B rows, ms between two pipelined steps)``, and what is learned is
   the ratio of that time to the line's ``fixed_ms + per_token_ms * B`` (a decayed mean, starting at
   1, i.e. priced as an unpipelined step until it has been seen), so one number carries the
-  discount to every width.
+  discount (or the surcharge) to every width.
 
 A sample is clipped to within :data:`CLIP` (a quarter) of what the model predicts before it enters,
 so its residual counts at most that much (a stall on a shared core, a garbage collection, one first
 call: one sample moves the fit a few per cent, not double it); a real change of cost still gets
-there, a quarter of the way at most per sample, in a few dozen steps.
+there in a few dozen steps, each sample pulling the fit its way by up to a quarter of the
+prediction.
 
 With the pipeline's price known, the bar changes where the rows would otherwise ride it (every row
 decoding, nothing else waiting: the scheduler says so): the alternative to a draft is then one
-token per ``ratio * (fixed_ms + per_token_ms * B) / B`` ms, cheaper than the unpipelined step's, so
-a draft must be accepted more often to pay (:meth:`LearnedCost.bar`). Not priced: that the first
+token per ``ratio * (fixed_ms + per_token_ms * B) / B`` ms; where that is cheaper than the
+unpipelined step's (a ratio below 1), a draft must be accepted more often to pay
+(:meth:`LearnedCost.bar`). Not priced: that the first
 draft in a step turns the whole step from a pipelined one into a waited-for one (the cap is one
 row's, and whether any row drafts is known only after every row has looked up its block).
 
