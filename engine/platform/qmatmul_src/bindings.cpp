@@ -99,6 +99,7 @@ NB_MODULE(_qmatmul, m) {
   });
   m.def("set_num_threads", &mlxcel_q::set_num_threads, "n"_a);
   m.def("num_threads", &mlxcel_q::num_threads);
+  m.def("pool_check", &mlxcel_q::pool_check, "calls"_a, "spin"_a, nb::call_guard<nb::gil_scoped_release>());
   m.def("set_thread_split", &mlxcel_q::set_thread_split, "grain_macs"_a, "wake_macs"_a);
   m.def("isa", &mlxcel_q::isa);
   m.def("set_isa", &mlxcel_q::set_isa, "name"_a);

@@ -46,9 +46,10 @@ namespace {
 
 // ----------------------------------------------------------------------------- threads
 // A call's tiles are cut into grains (about MLXCEL_GRAIN_MACS multiply-adds each, at most 8 per
-// thread) that the calling thread and the workers claim one at a time from a counter tagged with
-// the call's generation. The caller never waits for a worker that has not come yet: it takes the
-// grains itself, and a late worker finds none left; it waits only for grains a worker is computing.
+// thread) that the calling thread and the workers claim one at a time from one word holding the
+// call's generation, its grain count and the next grain. The caller never waits for a worker that
+// has not come yet: it takes the grains itself, and a late worker finds none left; it waits only
+// for grains a worker is computing.
 // Which thread computes a grain does not change its bits (a row's operations depend on neither).
 //
 // On this kind of box (a VM, 2 cores) waking a sleeping thread costs the caller ~11 us and the
@@ -97,7 +98,7 @@ class Pool {
   // fn(u0, u1) over [0, units) (macs multiply-adds in all) cut into grains; returns when every
   // grain is done.
   void run(int units, size_t macs, const std::function<void(int, int)>& fn) {
-    const int grains = int(std::min<size_t>({size_t(units), size_t(threads_) * 8,
+    const int grains = int(std::min<size_t>({size_t(units), size_t(threads_) * 8, kMaxGrains,
                                              macs / g_grain_macs.load(std::memory_order_relaxed)}));
     if (threads_ == 1 || grains <= 1 ||
         (macs < g_wake_macs.load(std::memory_order_relaxed) &&
@@ -119,10 +120,9 @@ class Pool {
     } release{busy_};
     job_.store(&fn, std::memory_order_relaxed);
     units_.store(units, std::memory_order_relaxed);
-    grains_.store(grains, std::memory_order_relaxed);
     done_.store(0, std::memory_order_relaxed);
     const uint64_t gen = (word_.load(std::memory_order_relaxed) >> 32) + 1;
-    word_.store(gen << 32, std::memory_order_seq_cst);
+    word_.store(gen << 32 | uint64_t(grains) << 16, std::memory_order_seq_cst);
     if (sleeping_.load(std::memory_order_seq_cst) > 0) {
       wake_.fetch_add(1, std::memory_order_seq_cst);
       wake_.notify_all();
@@ -142,13 +142,17 @@ class Pool {
   }
 
  private:
-  // Claims and computes grains of generation gen until none is left; returns how many it took.
+  // Claims and computes grains of generation gen until none is left; returns how many it took. The
+  // grain count is read from the same word the claim swaps: a count kept beside it (as it once was)
+  // could be the next call's, read between that call's store of it and of its generation, and let
+  // a late claim through on a finished generation: a grain computed twice, or with the finished
+  // call's job (destroyed), and a done count past the next call's grains (the caller then waited
+  // forever, or the process crashed; pool_check shows it in seconds).
   int work(uint64_t gen) {
     int claimed = 0;
     uint64_t w = word_.load(std::memory_order_acquire);
     while ((w >> 32) == gen) {
-      const int g = int(w & 0xffffffffu);
-      const int grains = grains_.load(std::memory_order_relaxed);
+      const int g = int(w & 0xffffu), grains = int((w >> 16) & 0xffffu);
       if (g >= grains) break;
       if (!word_.compare_exchange_weak(w, w + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
       // Claimed: the call cannot return before this grain is done, so its job is still this one.
@@ -198,8 +202,9 @@ class Pool {
   int spin_us_, yield_every_, policy_;
   bool stats_;
   std::vector<std::thread> workers_;
-  std::atomic<uint64_t> word_{0};  // generation << 32 | next grain to claim
-  std::atomic<int> done_{0}, units_{0}, grains_{0};
+  static constexpr size_t kMaxGrains = 0xffff;
+  std::atomic<uint64_t> word_{0};  // generation << 32 | the call's grains << 16 | next grain to claim
+  std::atomic<int> done_{0}, units_{0};
   std::atomic<const std::function<void(int, int)>*> job_{nullptr};
   std::atomic<int> sleeping_{0};
   std::atomic<uint32_t> wake_{0};
@@ -419,6 +424,29 @@ void parallel_for(int units, size_t macs, const std::function<void(int, int)>& f
     return;
   }
   pool().run(units, macs, fn);
+}
+
+long pool_check(int calls, int spin) {
+  // Back-to-back calls whose grain counts alternate, each unit counted by the grain that covers
+  // it (after `spin` steps of busy work, so that the workers take a share): a unit computed twice,
+  // never, or by a grain of another call shows as a bad call.
+  long bad = 0;
+  const size_t grain = g_grain_macs.load();
+  for (int i = 0; i < calls; ++i) {
+    const int units = (i % 2) ? 2 + (i / 2) % 3 : 16 + (i / 2) % 17;
+    std::vector<int> hits(size_t(units), 0);
+    const int tag = i;
+    parallel_for(units, size_t(units) * grain, [&hits, tag, units, spin](int u0, int u1) {
+      if (u0 < 0 || u1 > units || int(hits.size()) != units || tag < 0) std::abort();
+      for (int u = u0; u < u1; ++u) {
+        volatile int busy = 0;
+        for (int j = 0; j < spin; ++j) busy = busy + 1;
+        hits[size_t(u)] += 1;
+      }
+    });
+    bad += std::any_of(hits.begin(), hits.end(), [](int h) { return h != 1; });
+  }
+  return bad;
 }
 
 std::string isa() { return g_isa; }

@@ -31,6 +31,8 @@ int num_threads();
 // about MLXCEL_GRAIN_MACS of the call's macs multiply-adds; a call of one grain runs on the caller
 // alone); returns when every unit is done. The fused ops thread their heads with it.
 void parallel_for(int units, size_t macs, const std::function<void(int, int)>& fn);
+// Test: `calls` back-to-back pool calls of alternating grain counts, `spin` busy steps a unit; how many computed a unit other than once.
+long pool_check(int calls, int spin);
 // "avx512_vnni", "avx2", "neon" or "scalar": the kernel in use; set_isa("auto") picks the best present.
 std::string isa();
 void set_isa(const std::string& name);

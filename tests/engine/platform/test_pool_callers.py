@@ -4,6 +4,13 @@ call the kernels from two stream threads concurrently. Each call must still fini
 bits it gives alone. Before the pool let one call own it at a time, the two calls shared its grain
 counters and the first caller waited forever for grains nobody computed (a hung server at ``-t 2``).
 
+One caller alone, calling back to back, must also never see a grain computed twice or by another
+call: the pool once kept a call's grain count beside its generation word, so a worker finishing the
+last grain of one call could read the next call's (larger) count before that call's generation was
+posted, and claim a grain of the finished call. The caller then waited forever for a done count it
+had passed, or the worker ran the finished call's destroyed job (a hang, or a crash, in about one
+in seven short benchmark runs of a ``-t 2`` server). ``pool_check`` makes such calls in a loop.
+
 The callers run in a child process, so a hang fails the test by its timeout instead of hanging the suite."""
 
 from __future__ import annotations
@@ -55,3 +62,23 @@ def test_two_threads_calling_the_kernels_at_once_finish_with_their_own_bits():
         raise AssertionError("concurrent kernel calls hung the thread pool") from None
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split() == ["done", "0"], out.stdout + out.stderr[-2000:]
+
+
+CHECK = textwrap.dedent("""
+    import sys
+    from mlxcel.engine.platform import qmatmul
+
+    qmatmul.set_threads(2)
+    ext = qmatmul.extension()
+    # spin 0: the caller is back at once (the race of the grain count); 50: the worker takes a share
+    print("bad", sum(ext.pool_check(200_000, spin) for spin in (0, 50, 0, 50)))
+""")
+
+
+def test_back_to_back_calls_compute_every_grain_once():
+    try:
+        out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("back-to-back kernel calls hung the thread pool") from None
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["bad", "0"], out.stdout + out.stderr[-2000:]
