@@ -26,8 +26,8 @@ tokens/s over the whole request as the client saw it, and decode tokens per targ
 repeats, the ratio lookup / plain, and the 1-minute load average before the run. A third arm,
 ``uncapped``, is the lookup server with the per-row draft cap off (``MLXCEL_VERIFY_COST=off``: every
 row drafts up to its block whatever the batch width), and each lookup arm's drafts per round. The arm
-``at-load`` is the lookup server with the cost model measured at load and never learned
-(``MLXCEL_VERIFY_COST=measured``), against ``lookup``'s learned one.
+``learned`` is the lookup server with the cost model measured at load and then learned while
+serving (``MLXCEL_VERIFY_COST=learn``), against ``lookup``'s load-time one.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py --concurrent [--max-tokens 96]
 """
@@ -173,7 +173,7 @@ def concurrent(args, model_args) -> int:
         "no-quiet": (spec_args, {"MLXCEL_RUN_AHEAD_QUIET": "0"}),
         "ungoverned": ((*spec_args, "--draft-adaptive", "off"), {}),
         "costed": (spec_args, {"MLXCEL_VERIFY_COST": args.cost or "off"}),
-        "at-load": (spec_args, {"MLXCEL_VERIFY_COST": "measured"}),
+        "learned": (spec_args, {"MLXCEL_VERIFY_COST": "learn"}),
     }
     wanted = args.arms.split(",") if args.arms else ["plain", "lookup", "uncapped"]
     servers: dict[str, ServerProcess] = {}
@@ -235,8 +235,8 @@ def main() -> int:
     ap.add_argument("-m", "--model", default=None, help="model for both servers (default: the built-in SmolLM2)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of the workloads")
     ap.add_argument("--arms", default=None, help="comma-separated subset of plain,lookup,opt-out (one client); "
-                    "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned,costed,at-load (default plain,lookup,uncapped; "
-                    "costed: --cost; at-load: the cost model measured at load and never learned, MLXCEL_VERIFY_COST=measured; "
+                    "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned,costed,learned (default plain,lookup,uncapped; "
+                    "costed: --cost; learned: the cost model learned while serving, MLXCEL_VERIFY_COST=learn; "
                     "no-quiet: the lookup server with MLXCEL_RUN_AHEAD_QUIET=0; ungoverned: --draft-adaptive off)")
     ap.add_argument("--cost", default=None, help="with --concurrent: MLXCEL_VERIFY_COST=FIXED_MS,PER_TOKEN_MS for "
                     "the costed arm (the lookup server with that cost model instead of the measured one)")

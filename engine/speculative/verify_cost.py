@@ -29,7 +29,8 @@ SmolLM2 here). ``MLXCEL_VERIFY_COST=FIXED_MS,PER_TOKEN_MS`` gives it instead, fo
 on shared cores are noise) and for reproducible benchmarks; ``MLXCEL_VERIFY_COST=off`` turns the
 cap off (every row drafts up to its ``n_max``, as before this module).
 
-Learned while serving (:class:`LearnedCost`, the default when the model is measured). The load-time
+Learned while serving (:class:`LearnedCost`, ``MLXCEL_VERIFY_COST=learn``; not the default: in a
+quiet A/B of the concurrency mixes it did not beat the load-time model, docs/benchmarks.md). The load-time
 measurement is a start, not an answer: it is two rows at a context of 32, taken while the server
 starts, and on shared cores two servers of one run measured 5.4 + 0.89 and 13.7 + 1.29 ms a token.
 So the server goes on measuring with the steps it actually runs (the scheduler reports them):
@@ -63,8 +64,7 @@ unpipelined step's (a ratio below 1), a draft must be accepted more often to pay
 draft in a step turns the whole step from a pipelined one into a waited-for one (the cap is one
 row's, and whether any row drafts is known only after every row has looked up its block).
 
-``MLXCEL_VERIFY_COST=measured``: measured at load and never learned (the model before learning, as
-a benchmark arm). A given model (``FIXED_MS,PER_TOKEN_MS``) is pinned too: it never learns and
+``MLXCEL_VERIFY_COST=measured`` (the default, unset): measured at load and never learned. A given model (``FIXED_MS,PER_TOKEN_MS``) is pinned too: it never learns and
 prices a draft against the unpipelined step, as it always did, so tests and benchmarks that give
 one see exactly the caps they saw before.
 """
@@ -95,7 +95,8 @@ PRIOR_WEIGHT = 0.5  # each of the load-time line's two pseudo-samples (never dec
 PRIOR_SPAN = (2, 32)  # the tokens N of those two pseudo-samples (the measurement's ends)
 RATIO_PRIOR_WEIGHT = 2.0  # the pipelined ratio's starting 1.0, in samples (decays like them)
 CLIP = 0.25  # a sample enters within this fraction of the model's prediction of it
-MEASURED_ONLY = "measured"  # MLXCEL_VERIFY_COST=measured: measured at load, never learned
+MEASURED_ONLY = "measured"  # MLXCEL_VERIFY_COST=measured: measured at load, never learned (the default)
+LEARN = "learn"  # MLXCEL_VERIFY_COST=learn: measured at load, then learned while serving
 
 
 @dataclass(frozen=True)
@@ -269,20 +270,20 @@ class LearnedCost:
 
 def from_env(environ: Mapping[str, str] | None = None) -> VerifyCost | None | str:
     """``MLXCEL_VERIFY_COST``: a :class:`VerifyCost` when it gives one, ``"off"`` when it turns the cap
-    off, ``"measured"`` when it asks for the load-time measurement alone, None when unset (measure,
-    then learn)."""
+    off, ``"measured"`` when it asks for the load-time measurement alone, ``"learn"`` when it asks for
+    the measurement learned from while serving, None when unset (measure)."""
     env = os.environ if environ is None else environ
     text = env.get(COST_ENV, "").strip().lower()
     if not text:
         return None
     if text in ("off", "0", "none", "no"):
         return "off"
-    if text == MEASURED_ONLY:
-        return MEASURED_ONLY
+    if text in (MEASURED_ONLY, LEARN):
+        return text
     try:
         fixed, per_token = (float(x) for x in text.split(","))
     except ValueError:
-        raise MlxcelError(f"{COST_ENV}={text!r}: expected FIXED_MS,PER_TOKEN_MS (e.g. 25,6.4), measured or off") from None
+        raise MlxcelError(f"{COST_ENV}={text!r}: expected FIXED_MS,PER_TOKEN_MS (e.g. 25,6.4), measured, learn or off") from None
     if not (math.isfinite(fixed) and math.isfinite(per_token)) or fixed < 0 or per_token < 0:
         raise MlxcelError(f"{COST_ENV}={text!r}: both costs must be finite and >= 0")
     return VerifyCost(fixed, per_token, source="given")
@@ -325,8 +326,8 @@ def measure(model: Any, make_cache: Callable[[], list[Any]], vocab_size: int) ->
 
 def load(model: Any, make_cache: Callable[[], list[Any]], vocab_size: int, *,
          may_measure: bool = True) -> VerifyCost | LearnedCost | None:
-    """The cost model a server runs with: the environment's (pinned), else measured and then learned
-    (:class:`LearnedCost`; measured alone with ``MLXCEL_VERIFY_COST=measured``), when ``may_measure``
+    """The cost model a server runs with: the environment's (pinned), else measured (and then learned,
+    :class:`LearnedCost`, with ``MLXCEL_VERIFY_COST=learn``), when ``may_measure``
     (ranks serving in lockstep must derive the same caps, so they never measure nor learn), else
     None (no cap)."""
     given = from_env()
@@ -335,6 +336,6 @@ def load(model: Any, make_cache: Callable[[], list[Any]], vocab_size: int, *,
     if isinstance(given, VerifyCost):
         return given
     measured = measure(model, make_cache, vocab_size) if may_measure else None
-    if measured is None or given == MEASURED_ONLY:
+    if measured is None or given != LEARN:
         return measured
     return LearnedCost(measured)

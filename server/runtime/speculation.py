@@ -29,9 +29,9 @@ greedy-only drafter declines (``reason="greedy-only"``).
 ``--spec-draft-n-min N``: a block shorter than N is not verified (the row decodes plainly).
 
 Rows that share the verify forward (prompt lookup, a draft model) draft fewer tokens as the batch
-widens, by the forward's cost model measured at load and then learned from the steps the server
-runs (``engine.speculative.verify_cost``; one row keeps its whole block, and the cap never goes
-below ``n_min``).
+widens, by the forward's cost model measured at load (``engine.speculative.verify_cost``; with
+``MLXCEL_VERIFY_COST=learn`` then learned from the steps the server runs; one row keeps its whole
+block, and the cap never goes below ``n_min``).
 
 Per request, ``speculative.n_max`` / ``speculative.n_min`` (upstream's fields) narrow the block;
 ``speculative.n_max: 0`` makes the request a plain one. Requests asking for token probabilities
@@ -81,8 +81,8 @@ class Speculation:
              measure_cost: bool = True) -> Speculation:
         """Load what the drafter needs and probe the verify widths it can use (at startup, so no
         request ever pays the disk load or the probe). For a drafter whose rows share a verify
-        forward, take that forward's cost model (``engine.speculative.verify_cost``: measured here and
-        learned while serving unless ``MLXCEL_VERIFY_COST`` gives it; never measured when ``measure_cost`` is False, as for
+        forward, take that forward's cost model (``engine.speculative.verify_cost``: measured here
+        (and learned while serving with ``=learn``) unless ``MLXCEL_VERIFY_COST`` gives it; never measured when ``measure_cost`` is False, as for
         ranks serving in lockstep, which must all derive the same draft caps)."""
         for note in settings.choice.notes:
             log.warning("%s", note)

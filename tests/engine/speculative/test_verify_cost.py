@@ -155,11 +155,15 @@ def test_a_pinned_model_never_learns_and_ignores_the_pipeline():
     for rows in (2, 4, 8):
         assert pinned.draft_cap(rows, 80, 100, n_max=16, pipelined=True) == pinned.draft_cap(rows, 80, 100, n_max=16)
     assert from_env({"MLXCEL_VERIFY_COST": "measured"}) == "measured"
+    assert from_env({"MLXCEL_VERIFY_COST": "learn"}) == "learn"
 
 
-def test_load_learns_from_a_measurement_unless_pinned_or_measured_only(tiny_llama, monkeypatch):
+def test_load_measures_and_learns_only_when_asked(tiny_llama, monkeypatch):
     args = (tiny_llama.model, tiny_llama.make_cache, tiny_llama.vocab_size)
     monkeypatch.delenv("MLXCEL_VERIFY_COST", raising=False)
+    default = load(*args)
+    assert isinstance(default, VerifyCost) and default.source == "measured"  # unset: measured, never learned
+    monkeypatch.setenv("MLXCEL_VERIFY_COST", "learn")
     learned = load(*args)
     assert isinstance(learned, LearnedCost) and learned.start.source == "measured"
     assert "learned from 0 steps" in learned.describe()

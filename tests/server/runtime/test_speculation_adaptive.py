@@ -55,14 +55,14 @@ def test_concurrent_lookup_rows_draft_fewer_per_round_than_one_client(tiny_llama
 
 
 def test_the_cost_model_learns_from_the_steps_the_server_runs(tiny_llama_dir, checkpoints_root):
-    """No MLXCEL_VERIFY_COST: measured at load, then learned from the server's own steps (the log says
+    """MLXCEL_VERIFY_COST=learn: measured at load, then learned from the server's own steps (the log says
     how many it has learned from); every client still gets exactly the tokens it gets alone."""
     target = tiny_gguf.write_gguf(tiny_llama_dir, checkpoints_root / "tiny-llama-q8-adaptive.gguf",
                                   tiny_gguf.uniform(Q.Q8_0))
     bodies = [{"prompt": p, "n_predict": N, "ignore_eos": True, "return_tokens": True, "cache_prompt": False,
                "temperature": 0} for p in PROMPTS]
     with running(s=partial(ServerProcess, "-m", str(target), "-np", "8", "--metrics", "--spec-type", "ngram-simple",
-                           "--spec-ngram-simple-size-m", "6", env={"MLXCEL_VERIFY_COST": ""})) as procs:
+                           "--spec-ngram-simple-size-m", "6", env={"MLXCEL_VERIFY_COST": "learn"})) as procs:
         s = procs["s"]
         alone = [post_ok(s, "/completion", b) for b in bodies]
         together = concurrently(s.url, bodies)
