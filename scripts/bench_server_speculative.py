@@ -25,7 +25,9 @@ tokens/s over the whole request as the client saw it, and decode tokens per targ
 (all clients' completion tokens / the time from the first send to the last answer), best of the
 repeats, the ratio lookup / plain, and the 1-minute load average before the run. A third arm,
 ``uncapped``, is the lookup server with the per-row draft cap off (``MLXCEL_VERIFY_COST=off``: every
-row drafts up to its block whatever the batch width), and each lookup arm's drafts per round.
+row drafts up to its block whatever the batch width), and each lookup arm's drafts per round. The arm
+``learned`` is the lookup server with the cost model measured at load and then learned while
+serving (``MLXCEL_VERIFY_COST=learn``), against ``lookup``'s load-time one.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py --concurrent [--max-tokens 96]
 """
@@ -163,24 +165,27 @@ def concurrent(args, model_args) -> int:
     def trace(arm: str) -> dict:  # --trace DIR: each server's step trace (scripts/trace_steps.py)
         return {"MLXCEL_TRACE_STEPS": str(Path(args.trace) / f"{arm}.jsonl")} if args.trace else {}
 
-    plain = ServerProcess(*model_args, "-c", "8192", "-np", "8", timeout=600, env=trace("plain"))
-    spec = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600, env=trace("lookup"))
-    uncapped = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
-                             env={"MLXCEL_VERIFY_COST": "off", **trace("uncapped")})
-    noquiet = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
-                            env={"MLXCEL_RUN_AHEAD_QUIET": "0", **trace("no-quiet")})
-    ungoverned = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, "--draft-adaptive", "off",
-                               timeout=600, env=trace("ungoverned"))
-    costed = ServerProcess(*model_args, "-c", "8192", "-np", "8", *spec_args, timeout=600,
-                           env={"MLXCEL_VERIFY_COST": args.cost or "off", **trace("costed")})
-    urls = {"plain": plain.url, "lookup": spec.url, "uncapped": uncapped.url, "no-quiet": noquiet.url,
-            "ungoverned": ungoverned.url, "costed": costed.url}
+    server_args = (*model_args, "-c", "8192", "-np", "8")
+    arm_setups = {  # per arm: its server's extra flags and environment
+        "plain": ((), {}),
+        "lookup": (spec_args, {}),
+        "uncapped": (spec_args, {"MLXCEL_VERIFY_COST": "off"}),
+        "no-quiet": (spec_args, {"MLXCEL_RUN_AHEAD_QUIET": "0"}),
+        "ungoverned": ((*spec_args, "--draft-adaptive", "off"), {}),
+        "costed": (spec_args, {"MLXCEL_VERIFY_COST": args.cost or "off"}),
+        "learned": (spec_args, {"MLXCEL_VERIFY_COST": "learn"}),
+    }
     wanted = args.arms.split(",") if args.arms else ["plain", "lookup", "uncapped"]
-    servers = {"plain": plain, "lookup": spec, "uncapped": uncapped, "no-quiet": noquiet, "ungoverned": ungoverned, "costed": costed}
-    for name in list(urls):
-        if name not in wanted:
-            servers[name].stop()
-            del urls[name]
+    servers: dict[str, ServerProcess] = {}
+    try:  # only the arms asked for are started
+        for name, (flags, env) in arm_setups.items():
+            if name in wanted:
+                servers[name] = ServerProcess(*server_args, *flags, timeout=600, env={**env, **trace(name)})
+    except BaseException:
+        for server in servers.values():
+            server.stop()
+        raise
+    urls = {name: server.url for name, server in servers.items()}
     arms = list(urls)
     mixes = {m: MIXES[m] for m in args.mixes.split(",")} if args.mixes else MIXES
     best: dict[tuple[str, str], float] = {}
@@ -230,7 +235,8 @@ def main() -> int:
     ap.add_argument("-m", "--model", default=None, help="model for both servers (default: the built-in SmolLM2)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset of the workloads")
     ap.add_argument("--arms", default=None, help="comma-separated subset of plain,lookup,opt-out (one client); "
-                    "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned (default plain,lookup,uncapped; costed: --cost; "
+                    "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned,costed,learned (default plain,lookup,uncapped; "
+                    "costed: --cost; learned: the cost model learned while serving, MLXCEL_VERIFY_COST=learn; "
                     "no-quiet: the lookup server with MLXCEL_RUN_AHEAD_QUIET=0; ungoverned: --draft-adaptive off)")
     ap.add_argument("--cost", default=None, help="with --concurrent: MLXCEL_VERIFY_COST=FIXED_MS,PER_TOKEN_MS for "
                     "the costed arm (the lookup server with that cost model instead of the measured one)")

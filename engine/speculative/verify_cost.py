@@ -28,6 +28,45 @@ default would be wrong for every other model), and cheap to take (well under a s
 SmolLM2 here). ``MLXCEL_VERIFY_COST=FIXED_MS,PER_TOKEN_MS`` gives it instead, for tests (timings
 on shared cores are noise) and for reproducible benchmarks; ``MLXCEL_VERIFY_COST=off`` turns the
 cap off (every row drafts up to its ``n_max``, as before this module).
+
+Learned while serving (:class:`LearnedCost`, ``MLXCEL_VERIFY_COST=learn``; not the default: in a
+quiet A/B of the concurrency mixes it did not beat the load-time model, docs/benchmarks.md). The load-time
+measurement is a start, not an answer: it is two rows at a context of 32, taken while the server
+starts, and on shared cores two servers of one run measured 5.4 + 0.89 and 13.7 + 1.29 ms a token.
+So the server goes on measuring with the steps it actually runs (the scheduler reports them):
+
+* every ragged step it waits for (a verify step, or a plain step that is not pipelined) is a sample
+  ``(N, ms)``, the ms from the step's start to its end (the rows' lookups, the forward, the
+  decisions: what the step costs the batch); ``fixed_ms`` and ``per_token_ms`` are the weighted least-squares line through the
+  samples, each sample's weight decaying by :data:`DECAY` with every newer one (so the fit follows
+  the context and the load as they change, over the last few dozen steps), plus the load-time line
+  as two light pseudo-samples that never decay (:data:`PRIOR_WEIGHT` each, at the measurement's
+  two ends), which keep the line defined while every step carries the same ``N``;
+* a step the pipeline runs (``server/runtime/run_ahead.py``: the next forward queued before this
+  one's tokens are read back) should cost less than the same forward waited for, its host work
+  overlapping the forward (on a quiet machine 4 rows took ~10 ms, 2.5 ms a token; on busy shared
+  cores it hid little: ``docs/benchmarks.md``). Its sample is ``(B rows, ms between two pipelined steps)``, and what is learned is
+  the ratio of that time to the line's ``fixed_ms + per_token_ms * B`` (a decayed mean, starting at
+  1, i.e. priced as an unpipelined step until it has been seen), so one number carries the
+  discount (or the surcharge) to every width.
+
+A sample is clipped to within :data:`CLIP` (a quarter) of what the model predicts before it enters,
+so its residual counts at most that much (a stall on a shared core, a garbage collection, one first
+call: one sample moves the fit a few per cent, not double it); a real change of cost still gets
+there in a few dozen steps, each sample pulling the fit its way by up to a quarter of the
+prediction.
+
+With the pipeline's price known, the bar changes where the rows would otherwise ride it (every row
+decoding, nothing else waiting: the scheduler says so): the alternative to a draft is then one
+token per ``ratio * (fixed_ms + per_token_ms * B) / B`` ms; where that is cheaper than the
+unpipelined step's (a ratio below 1), a draft must be accepted more often to pay
+(:meth:`LearnedCost.bar`). Not priced: that the first
+draft in a step turns the whole step from a pipelined one into a waited-for one (the cap is one
+row's, and whether any row drafts is known only after every row has looked up its block).
+
+``MLXCEL_VERIFY_COST=measured`` (the default, unset): measured at load and never learned. A given model (``FIXED_MS,PER_TOKEN_MS``) is pinned too: it never learns and
+prices a draft against the unpipelined step, as it always did, so tests and benchmarks that give
+one see exactly the caps they saw before.
 """
 
 from __future__ import annotations
@@ -51,6 +90,13 @@ _MEASURE_WIDTHS = (1, 8, 16)  # tokens per row in the timed forwards
 _MEASURE_CONTEXT = 32  # tokens each timed row holds
 _MEASURE_REPEATS = 2  # best of, after one warm-up
 PRIOR_ACCEPTED, PRIOR_TESTED = 4, 5  # a row's acceptance before its own evidence: 0.8 (VerifyCost.draft_cap)
+DECAY = 0.96  # each sample's weight, for each newer sample (LearnedCost): about 17 steps to halve
+PRIOR_WEIGHT = 0.5  # each of the load-time line's two pseudo-samples (never decays)
+PRIOR_SPAN = (2, 32)  # the tokens N of those two pseudo-samples (the measurement's ends)
+RATIO_PRIOR_WEIGHT = 2.0  # the pipelined ratio's starting 1.0, in samples (decays like them)
+CLIP = 0.25  # a sample enters within this fraction of the model's prediction of it
+MEASURED_ONLY = "measured"  # MLXCEL_VERIFY_COST=measured: measured at load, never learned (the default)
+LEARN = "learn"  # MLXCEL_VERIFY_COST=learn: measured at load, then learned while serving
 
 
 @dataclass(frozen=True)
@@ -61,13 +107,22 @@ class VerifyCost:
     per_token_ms: float
     source: str = "given"  # "measured" or "given" (the environment)
 
-    def bar(self, rows: int) -> float:
-        """The acceptance chance a draft must beat to pay for its token when ``rows`` rows share the forward."""
+    learns = False  # a fixed model: the scheduler reports no steps to it
+
+    def step_ms(self, n: int) -> float:
+        """What a forward of ``n`` tokens is modelled to cost."""
+        return self.fixed_ms + self.per_token_ms * n
+
+    def bar(self, rows: int, pipelined: bool = False) -> float:
+        """The acceptance chance a draft must beat to pay for its token when ``rows`` rows share the
+        forward: its token's cost over a plain step's cost per token. A fixed model knows no pipeline
+        (``pipelined`` is ignored): the plain step it prices is the unpipelined one."""
         if self.per_token_ms <= 0:
             return 0.0
         return self.per_token_ms / (self.per_token_ms + self.fixed_ms / max(1, rows))
 
-    def draft_cap(self, rows: int, accepted: int, tested: int, n_max: int, n_min: int = 0) -> int:
+    def draft_cap(self, rows: int, accepted: int, tested: int, n_max: int, n_min: int = 0,
+                  pipelined: bool = False) -> int:
         """The most drafts a row may propose this iteration when ``rows`` rows share the forward and
         the row has had ``accepted`` of ``tested`` drafted positions accepted so far.
 
@@ -82,34 +137,153 @@ class VerifyCost:
         Never below ``n_min`` (the row's floor: a block shorter than it is not verified at all),
         nor below 1: a capped row keeps drafting one position, so its acceptance keeps being
         measured and its cap can grow back."""
-        if n_max <= 0:
-            return 0
-        if rows <= 1:
-            return n_max
-        a = (accepted + PRIOR_ACCEPTED) / (tested + PRIOR_TESTED)
-        bar = self.bar(rows)
-        k = 0
-        while k < n_max and a ** (k + 1) > bar:
-            k += 1
-        return min(n_max, max(k, n_min, 1))
+        return _cap(self.bar(rows, pipelined), rows, accepted, tested, n_max, n_min)
 
     def describe(self) -> str:
         return f"{self.fixed_ms:.1f} ms + {self.per_token_ms:.2f} ms a token ({self.source})"
 
 
+def _cap(bar: float, rows: int, accepted: int, tested: int, n_max: int, n_min: int) -> int:
+    """:meth:`VerifyCost.draft_cap` against a given ``bar``."""
+    if n_max <= 0:
+        return 0
+    if rows <= 1:
+        return n_max
+    a = (accepted + PRIOR_ACCEPTED) / (tested + PRIOR_TESTED)
+    k = 0
+    while k < n_max and a ** (k + 1) > bar:
+        k += 1
+    return min(n_max, max(k, n_min, 1))
+
+
+def _clip(value: float, predicted: float) -> float:
+    """``value`` moved to within :data:`CLIP` of ``predicted`` (a residual clipped, as a Huber fit does)."""
+    if predicted <= 0:
+        return value
+    return min(max(value, predicted * (1 - CLIP)), predicted * (1 + CLIP))
+
+
+class LearnedCost:
+    """The verify forward's cost learned from the steps a server runs, starting at a measured one
+    (module docstring: the decayed least squares, the pipelined ratio, the clip). The scheduler
+    reports each ragged step it waited for (:meth:`observe_step`) and each interval between two
+    pipelined steps (:meth:`observe_pipelined`); :meth:`draft_cap` is :class:`VerifyCost`'s, with
+    the bar taken against the pipelined step where the rows would otherwise ride the pipeline."""
+
+    learns = True
+
+    def __init__(self, start: VerifyCost):
+        self.start = start
+        # the prior: the load-time line at N = PRIOR_SPAN, PRIOR_WEIGHT each, never decayed
+        self._prior = [0.0] * 5
+        for n in PRIOR_SPAN:
+            self._add(self._prior, PRIOR_WEIGHT, n, start.step_ms(n))
+        self._sums = [0.0] * 5  # weight, sum w*N, sum w*ms, sum w*N*N, sum w*N*ms (decayed)
+        self.fixed_ms, self.per_token_ms = start.fixed_ms, start.per_token_ms
+        self._ratio_w, self._ratio_sum = RATIO_PRIOR_WEIGHT, RATIO_PRIOR_WEIGHT * 1.0
+        self.steps = 0  # samples of each kind taken so far
+        self.pipelined_steps = 0
+
+    @staticmethod
+    def _add(sums: list[float], w: float, n: float, ms: float) -> None:
+        sums[0] += w
+        sums[1] += w * n
+        sums[2] += w * ms
+        sums[3] += w * n * n
+        sums[4] += w * n * ms
+
+    @property
+    def source(self) -> str:
+        return "learned"
+
+    @property
+    def pipelined_ratio(self) -> float:
+        """What a pipelined plain step costs, as a fraction of the same forward waited for."""
+        return self._ratio_sum / self._ratio_w
+
+    def step_ms(self, n: int) -> float:
+        return self.fixed_ms + self.per_token_ms * n
+
+    def plain_ms_per_token(self, rows: int, pipelined: bool = False) -> float:
+        """A plain step's cost per token at ``rows`` rows: pipelined or waited for."""
+        rows = max(1, rows)
+        ms = self.step_ms(rows) / rows
+        return ms * self.pipelined_ratio if pipelined else ms
+
+    def observe_step(self, n_tokens: int, ms: float) -> None:
+        """A ragged forward of ``n_tokens`` tokens that took ``ms``, waited for."""
+        if n_tokens <= 0 or not math.isfinite(ms) or ms <= 0:
+            return
+        ms = _clip(ms, self.step_ms(n_tokens))
+        sums = self._sums
+        for i in range(5):
+            sums[i] *= DECAY
+        self._add(sums, 1.0, n_tokens, ms)
+        self.steps += 1
+        self._fit()
+
+    def observe_pipelined(self, rows: int, ms: float) -> None:
+        """A pipelined plain step of ``rows`` rows (one token each) that took ``ms`` (from the start
+        of the step before it to its own start)."""
+        if rows <= 0 or not math.isfinite(ms) or ms <= 0:
+            return
+        predicted = self.step_ms(rows)
+        if predicted <= 0:
+            return
+        ratio = _clip(ms / predicted, self.pipelined_ratio)
+        self._ratio_w = self._ratio_w * DECAY + 1.0
+        self._ratio_sum = self._ratio_sum * DECAY + ratio
+        self.pipelined_steps += 1
+
+    def _fit(self) -> None:
+        w, sn, st, snn, snt = (a + b for a, b in zip(self._sums, self._prior))
+        det = w * snn - sn * sn
+        if det <= 1e-9 * max(1.0, w * snn):  # every sample at one N (and no prior): keep the slope
+            per_token = self.per_token_ms
+        else:
+            per_token = (w * snt - sn * st) / det
+        per_token = max(0.0, per_token)
+        fixed = (st - per_token * sn) / w
+        if fixed < 0:  # a line through the origin fits better: the least-squares slope without a fixed part
+            fixed, per_token = 0.0, max(0.0, snt / snn) if snn > 0 else per_token
+        self.fixed_ms, self.per_token_ms = fixed, per_token
+
+    def bar(self, rows: int, pipelined: bool = False) -> float:
+        """The acceptance chance a draft must beat: its token's cost over a plain step's cost per
+        token, the pipelined step's when ``pipelined`` (the rows would otherwise ride the pipeline).
+        Can exceed 1: then no draft pays (the cap keeps its one probe draft)."""
+        if self.per_token_ms <= 0:
+            return 0.0
+        plain = self.plain_ms_per_token(rows, pipelined)
+        return self.per_token_ms / plain if plain > 0 else math.inf
+
+    def draft_cap(self, rows: int, accepted: int, tested: int, n_max: int, n_min: int = 0,
+                  pipelined: bool = False) -> int:
+        """:meth:`VerifyCost.draft_cap` with this model's :meth:`bar`."""
+        return _cap(self.bar(rows, pipelined), rows, accepted, tested, n_max, n_min)
+
+    def describe(self) -> str:
+        return (f"{self.fixed_ms:.1f} ms + {self.per_token_ms:.2f} ms a token, pipelined x{self.pipelined_ratio:.2f} "
+                f"(learned from {self.steps} steps and {self.pipelined_steps} pipelined, "
+                f"starting at {self.start.describe()})")
+
+
 def from_env(environ: Mapping[str, str] | None = None) -> VerifyCost | None | str:
     """``MLXCEL_VERIFY_COST``: a :class:`VerifyCost` when it gives one, ``"off"`` when it turns the cap
-    off, None when unset (measure)."""
+    off, ``"measured"`` when it asks for the load-time measurement alone, ``"learn"`` when it asks for
+    the measurement learned from while serving, None when unset (measure)."""
     env = os.environ if environ is None else environ
     text = env.get(COST_ENV, "").strip().lower()
     if not text:
         return None
     if text in ("off", "0", "none", "no"):
         return "off"
+    if text in (MEASURED_ONLY, LEARN):
+        return text
     try:
         fixed, per_token = (float(x) for x in text.split(","))
     except ValueError:
-        raise MlxcelError(f"{COST_ENV}={text!r}: expected FIXED_MS,PER_TOKEN_MS (e.g. 25,6.4) or off") from None
+        raise MlxcelError(f"{COST_ENV}={text!r}: expected FIXED_MS,PER_TOKEN_MS (e.g. 25,6.4), measured, learn or off") from None
     if not (math.isfinite(fixed) and math.isfinite(per_token)) or fixed < 0 or per_token < 0:
         raise MlxcelError(f"{COST_ENV}={text!r}: both costs must be finite and >= 0")
     return VerifyCost(fixed, per_token, source="given")
@@ -151,12 +325,17 @@ def measure(model: Any, make_cache: Callable[[], list[Any]], vocab_size: int) ->
 
 
 def load(model: Any, make_cache: Callable[[], list[Any]], vocab_size: int, *,
-         may_measure: bool = True) -> VerifyCost | None:
-    """The cost model a server runs with: the environment's, else measured (when ``may_measure``:
-    ranks serving in lockstep must derive the same caps, so they never measure), else None (no cap)."""
+         may_measure: bool = True) -> VerifyCost | LearnedCost | None:
+    """The cost model a server runs with: the environment's (pinned), else measured (and then learned,
+    :class:`LearnedCost`, with ``MLXCEL_VERIFY_COST=learn``), when ``may_measure``
+    (ranks serving in lockstep must derive the same caps, so they never measure nor learn), else
+    None (no cap)."""
     given = from_env()
     if given == "off":
         return None
-    if given is not None:
+    if isinstance(given, VerifyCost):
         return given
-    return measure(model, make_cache, vocab_size) if may_measure else None
+    measured = measure(model, make_cache, vocab_size) if may_measure else None
+    if measured is None or given != LEARN:
+        return measured
+    return LearnedCost(measured)

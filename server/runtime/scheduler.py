@@ -124,6 +124,7 @@ class Scheduler:
         # pipelined plain decode steps (runtime/run_ahead.py): the rows' next tokens picked, not yet read
         self._ahead: Ahead | None = None
         self._run_ahead = run_ahead_enabled()
+        self._ahead_mark: tuple[int, float] | None = None  # the last pipelined step's (rows, start): _learn_pipelined
         self._step_trace = StepTrace()  # MLXCEL_TRACE_STEPS (runtime/step_trace.py); off by default
         self.timeout = timeout  # seconds a task may live (0: no limit); see _drop_ended
         self.faults = FaultPlan.from_env()
@@ -516,6 +517,7 @@ class Scheduler:
             return
         preps, decoding, chunks = {}, [], {}
         width = sum(1 for r in self._ragged.rows if not self.slots[r].run.prefilling)
+        pipelined = self._would_ride(width)
         for row in list(self._ragged.rows):
             slot = self.slots[row]
             run = slot.run
@@ -526,7 +528,7 @@ class Scheduler:
                 continue
             try:
                 spec = run.spec
-                cap = self._draft_cap(spec, width)
+                cap = self._draft_cap(spec, width, pipelined)
                 carried, run.carried_prep = run.carried_prep, None
                 if carried is not None and carried.position == len(run.prompt) + len(run.generated):
                     preps[row] = carried  # looked up in the pipelined step before (_step_ahead)
@@ -592,6 +594,7 @@ class Scheduler:
             return
         if ahead:
             self._count_plain_step(len(plan))
+            self._ahead_mark = (len(plan), t_step)  # the pipeline's first step
             self._trace(t_step, "step-ahead", plan, preps, len(chunks), 0, None)
             return
         now = time.perf_counter()
@@ -632,6 +635,8 @@ class Scheduler:
             self.metrics.record_decode(len(decoding))
         if self.speculation is not None:  # a server that never speculates shows upstream's metrics only
             self.metrics.record_step(len(plan), plan.n_tokens, accepted_total)
+        if not chunks:
+            self._learn_step(plan.n_tokens, t_step)
         self._trace(t_step, "step", plan, preps, len(chunks), accepted_total, t_forward)
         for row in finished:
             self._release(self.slots[row], send=not self.slots[row].run.task_failed)
@@ -648,13 +653,50 @@ class Scheduler:
                                 drafts=drafts, accepted=accepted,
                                 forward_ms=None if t_forward is None else (t_forward - t0) * 1e3)
 
-    def _draft_cap(self, spec, width: int) -> int | None:
+    def _draft_cap(self, spec, width: int, pipelined: bool = False) -> int | None:
         """The most drafts ``spec``'s row may bring to a forward of ``width`` decoding rows (the verify
-        cost model's cap, ``verify_cost.VerifyCost.draft_cap``); None without a cost model."""
+        cost model's cap, ``verify_cost.VerifyCost.draft_cap``; ``pipelined``: the rows would otherwise
+        ride the pipeline, so a learned model prices the draft against the pipelined step); None
+        without a cost model."""
         cost = self.speculation.verify_cost if self.speculation is not None else None
         if cost is None:
             return None
-        return cost.draft_cap(width, spec.counters.accepted, spec.counters.positions_tested, spec.n_max, spec.n_min)
+        return cost.draft_cap(width, spec.counters.accepted, spec.counters.positions_tested, spec.n_max, spec.n_min,
+                              pipelined=pipelined)
+
+    # -- the verify cost model learned from the steps run (verify_cost.LearnedCost) --------------------
+
+    def _learning_cost(self):
+        """The cost model when it learns from this server's steps (not in lockstep: ranks must derive
+        the same caps, and their timings differ), else None."""
+        cost = self.speculation.verify_cost if self.speculation is not None else None
+        return cost if cost is not None and cost.learns and self.lockstep is None else None
+
+    def _would_ride(self, width: int) -> bool:
+        """Whether the ragged batch's rows would ride the pipeline this iteration if no row drafted:
+        every row decoding (``width`` of them), each eligible, nothing else waiting."""
+        rows = self._ragged.rows
+        return (width == len(rows) and width > 0
+                and self._may_run_ahead(list(rows), [self.slots[r].run for r in rows]))
+
+    def _learn_step(self, n_tokens: int, t_step: float) -> None:
+        """A ragged step the scheduler waited for (no prompt chunk in it): ``n_tokens`` tokens, from
+        ``t_step`` to now (the lookups, the forward and the decisions: what the step costs the batch)."""
+        self._ahead_mark = None  # the pipeline, if it ran, was left
+        cost = self._learning_cost()
+        if cost is not None:
+            cost.observe_step(n_tokens, (time.perf_counter() - t_step) * 1e3)
+            n = cost.steps
+            if n & (n - 1) == 0 or n % 1024 == 0:  # the 1st, 2nd, 4th, ... step, then every 1024th
+                log.info("Shared verify forward learned: %s", cost.describe())
+
+    def _learn_pipelined(self, rows: int, t0: float) -> None:
+        """A pipelined step over ``rows`` rows starting at ``t0``: the time since the previous one
+        started, when that one was a pipelined step of the same rows, is what a pipelined step costs."""
+        mark, self._ahead_mark = self._ahead_mark, (rows, t0)
+        cost = self._learning_cost()
+        if cost is not None and mark is not None and mark[0] == rows:
+            cost.observe_pipelined(rows, (t0 - mark[1]) * 1e3)
 
     # -- pipelined plain steps (runtime/run_ahead.py) ---------------------------------------------------
 
@@ -692,6 +734,7 @@ class Scheduler:
         """Read the picked tokens back and accept them: the rows are then as after an ordinary step (the
         last token accepted, not yet in the cache). Rows ended meanwhile (cancelled, failed) drop theirs."""
         ahead, self._ahead = self._ahead, None
+        self._ahead_mark = None  # the pipeline stops: the next step's start is not this one's end
         keep = []
         for j, (row, run) in enumerate(zip(ahead.rows, ahead.runs)):
             if self.slots[row].run is not run:
@@ -745,6 +788,7 @@ class Scheduler:
         t0 = time.perf_counter()
         ahead, self._ahead = self._ahead, None
         rows, runs = ahead.rows, ahead.runs
+        self._learn_pipelined(len(rows), t0)
         try:
             logits = self._ragged.step(ahead.ids())
             values = ahead.read()
@@ -767,7 +811,7 @@ class Scheduler:
             sequence = run.prompt + run.generated
             try:
                 spec = run.spec
-                cap = self._draft_cap(spec, len(rows))
+                cap = self._draft_cap(spec, len(rows), pipelined=True)
                 prep = spec.prepare(sequence, run.round_room(), cap)
             except Exception as exc:
                 log.exception("drafting failed in slot %d", rows[j])
@@ -798,6 +842,8 @@ class Scheduler:
                 self._release(self.slots[row], send=not run.task_failed)
         if wants_drafts and self._ahead is not None:
             self._settle_ahead()  # the rows as after an ordinary step: the next iteration drafts
+        if self._ahead is None:
+            self._ahead_mark = None  # the pipeline stops here (every row ended or failed)
         if self._step_trace.on:
             self._step_trace.record(kind="ahead", t0=t0, rows=len(rows), tokens=len(rows), prefill_rows=0,
                                     verify_rows=0, quiet_rows=sum(1 for p in ahead.preps if p is not None),

@@ -29,8 +29,9 @@ greedy-only drafter declines (``reason="greedy-only"``).
 ``--spec-draft-n-min N``: a block shorter than N is not verified (the row decodes plainly).
 
 Rows that share the verify forward (prompt lookup, a draft model) draft fewer tokens as the batch
-widens, by the forward's cost model measured at load (``engine.speculative.verify_cost``; one row
-keeps its whole block, and the cap never goes below ``n_min``).
+widens, by the forward's cost model measured at load (``engine.speculative.verify_cost``; with
+``MLXCEL_VERIFY_COST=learn`` then learned from the steps the server runs; one row keeps its whole
+block, and the cap never goes below ``n_min``).
 
 Per request, ``speculative.n_max`` / ``speculative.n_min`` (upstream's fields) narrow the block;
 ``speculative.n_max: 0`` makes the request a plain one. Requests asking for token probabilities
@@ -53,7 +54,7 @@ from mlxcel.engine.speculative import verify_cost
 from mlxcel.engine.speculative.exactness_probe import probe_at_load
 from mlxcel.engine.speculative.session import SpeculativeSession, decline_reason
 from mlxcel.engine.speculative.target_features import TargetFeatures
-from mlxcel.engine.speculative.verify_cost import VerifyCost
+from mlxcel.engine.speculative.verify_cost import LearnedCost, VerifyCost
 from mlxcel.server.runtime.speculation_settings import SpeculationSettings
 from mlxcel.server.runtime.task import GenerationOptions
 
@@ -68,7 +69,7 @@ class Speculation:
     """A server's drafter setup, loaded: one session per speculating request."""
 
     def __init__(self, settings: SpeculationSettings, source: DrafterSource | None, target: LoadedModel,
-                 declined: str | None = None, verify_cost: VerifyCost | None = None):
+                 declined: str | None = None, verify_cost: VerifyCost | LearnedCost | None = None):
         self.settings = settings
         self.source = source
         self.target = target
@@ -81,7 +82,7 @@ class Speculation:
         """Load what the drafter needs and probe the verify widths it can use (at startup, so no
         request ever pays the disk load or the probe). For a drafter whose rows share a verify
         forward, take that forward's cost model (``engine.speculative.verify_cost``: measured here
-        unless ``MLXCEL_VERIFY_COST`` gives it; never measured when ``measure_cost`` is False, as for
+        (and learned while serving with ``=learn``) unless ``MLXCEL_VERIFY_COST`` gives it; never measured when ``measure_cost`` is False, as for
         ranks serving in lockstep, which must all derive the same draft caps)."""
         for note in settings.choice.notes:
             log.warning("%s", note)

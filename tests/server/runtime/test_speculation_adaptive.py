@@ -52,3 +52,25 @@ def test_concurrent_lookup_rows_draft_fewer_per_round_than_one_client(tiny_llama
     assert [r["tokens"] for r in together] == [r["tokens"] for r in alone]
     assert alone_rate > 2.0, alone_rate  # one client drafts its whole lookup (up to 6)
     assert together_rate < 0.75 * alone_rate, (alone_rate, together_rate)
+
+
+def test_the_cost_model_learns_from_the_steps_the_server_runs(tiny_llama_dir, checkpoints_root):
+    """MLXCEL_VERIFY_COST=learn: measured at load, then learned from the server's own steps (the log says
+    how many it has learned from); every client still gets exactly the tokens it gets alone."""
+    target = tiny_gguf.write_gguf(tiny_llama_dir, checkpoints_root / "tiny-llama-q8-adaptive.gguf",
+                                  tiny_gguf.uniform(Q.Q8_0))
+    bodies = [{"prompt": p, "n_predict": N, "ignore_eos": True, "return_tokens": True, "cache_prompt": False,
+               "temperature": 0} for p in PROMPTS]
+    with running(s=partial(ServerProcess, "-m", str(target), "-np", "8", "--metrics", "--spec-type", "ngram-simple",
+                           "--spec-ngram-simple-size-m", "6", env={"MLXCEL_VERIFY_COST": "learn"})) as procs:
+        s = procs["s"]
+        alone = [post_ok(s, "/completion", b) for b in bodies]
+        together = concurrently(s.url, bodies)
+        log = s.log_path.read_text()
+    assert "(measured); each row's drafts shrink" not in log  # the load line names the learned model
+    assert "pipelined x1.00 (learned from 0 steps and 0 pipelined, starting at" in log
+    learned = [line.split("learned from ")[1].split() for line in log.splitlines()
+               if "Shared verify forward learned:" in line]  # "N steps and M pipelined, ..."
+    assert learned and max(int(w[0]) for w in learned) >= 16, learned  # one line at each power of two
+    assert max(int(w[3]) for w in learned) > 0, learned  # the quiet rows' pipelined steps were timed too
+    assert [r["tokens"] for r in together] == [r["tokens"] for r in alone]
