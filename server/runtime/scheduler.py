@@ -517,7 +517,7 @@ class Scheduler:
             return
         preps, decoding, chunks = {}, [], {}
         width = sum(1 for r in self._ragged.rows if not self.slots[r].run.prefilling)
-        pipelined = self._would_ride(width)
+        pipelined = self._learning_cost() is not None and self._would_ride(width)  # only a learned model uses it
         for row in list(self._ragged.rows):
             slot = self.slots[row]
             run = slot.run

@@ -55,17 +55,21 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_two_threads_calling_the_kernels_at_once_finish_with_their_own_bits():
+def _child_says(code: str, what: str) -> list[str]:
+    """The words ``code`` prints in a child process; a hang (the timeout) or a crash fails with ``what``."""
     try:
-        out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=120)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     except subprocess.TimeoutExpired:
-        raise AssertionError("concurrent kernel calls hung the thread pool") from None
+        raise AssertionError(f"{what} hung the thread pool") from None
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["done", "0"], out.stdout + out.stderr[-2000:]
+    return out.stdout.split()
+
+
+def test_two_threads_calling_the_kernels_at_once_finish_with_their_own_bits():
+    assert _child_says(CHILD, "concurrent kernel calls") == ["done", "0"]
 
 
 CHECK = textwrap.dedent("""
-    import sys
     from mlxcel.engine.platform import qmatmul
 
     qmatmul.set_threads(2)
@@ -76,9 +80,4 @@ CHECK = textwrap.dedent("""
 
 
 def test_back_to_back_calls_compute_every_grain_once():
-    try:
-        out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        raise AssertionError("back-to-back kernel calls hung the thread pool") from None
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["bad", "0"], out.stdout + out.stderr[-2000:]
+    assert _child_says(CHECK, "back-to-back kernel calls") == ["bad", "0"]
