@@ -435,9 +435,9 @@ long pool_check(int calls, int spin) {
   for (int i = 0; i < calls; ++i) {
     const int units = (i % 2) ? 2 + (i / 2) % 3 : 16 + (i / 2) % 17;
     std::vector<int> hits(size_t(units), 0);
-    const int tag = i;
-    parallel_for(units, size_t(units) * grain, [&hits, tag, units, spin](int u0, int u1) {
-      if (u0 < 0 || u1 > units || int(hits.size()) != units || tag < 0) std::abort();
+    parallel_for(units, size_t(units) * grain, [&hits, units, spin](int u0, int u1) {
+      // a grain run for a finished call sees another call's (or a destroyed) vector: stop at once
+      if (u0 < 0 || u1 > units || int(hits.size()) != units) std::abort();
       for (int u = u0; u < u1; ++u) {
         volatile int busy = 0;
         for (int j = 0; j < spin; ++j) busy = busy + 1;
