@@ -34,7 +34,7 @@ struct FV {
 
 FloatKernel float_kernel_for(const std::string& isa) {
 #if defined(__x86_64__) || defined(_M_X64)
-  if (isa == "avx512_vnni") return avx512::fmatmul;
+  if (isa == "avx512_vnni" || isa == "amx") return avx512::fmatmul;  // AMX: the int8 kernel only
   if (isa == "avx2") return avx2::fmatmul;
 #endif
 #if defined(__aarch64__)

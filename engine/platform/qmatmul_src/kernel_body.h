@@ -251,8 +251,13 @@ static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, co
   }
 }
 
-void matmul(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& x, int m, float* out, int t0,
-            int t1) {
+// The entry point's name: `matmul` unless the including unit wants it under another (kernels_amx.cpp
+// calls this one for its narrow products).
+#ifndef KERNEL_ENTRY
+#define KERNEL_ENTRY matmul
+#endif
+void KERNEL_ENTRY(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& x, int m, float* out, int t0,
+                  int t1) {
   switch (l.type) {
     case Q4_0: matmul_type<Q4_0>(l, packed, n, k, x, m, out, t0, t1); break;
     case Q4_1: matmul_type<Q4_1>(l, packed, n, k, x, m, out, t0, t1); break;

@@ -97,6 +97,10 @@ namespace scalar { void matmul(const Layout&, const uint8_t*, int, int, const XQ
 #if defined(__x86_64__) || defined(_M_X64)
 namespace avx2 { void matmul(const Layout&, const uint8_t*, int, int, const XQuant&, int, float*, int, int); }
 namespace avx512 { void matmul(const Layout&, const uint8_t*, int, int, const XQuant&, int, float*, int, int); }
+namespace amx {
+void matmul(const Layout&, const uint8_t*, int, int, const XQuant&, int, float*, int, int);
+bool usable();  // the CPU has AMX-INT8, Linux grants the tile state, and MLXCEL_AMX is not 0
+}
 #endif
 #if defined(__aarch64__)
 namespace neon { void matmul(const Layout&, const uint8_t*, int, int, const XQuant&, int, float*, int, int); }

@@ -234,6 +234,7 @@ using Kernel = void (*)(const Layout&, const uint8_t*, int, int, const XQuant&, 
 bool has(const char* name) {
 #if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
+  if (!std::strcmp(name, "amx")) return has("avx512_vnni") && amx::usable();
   if (!std::strcmp(name, "avx512_vnni"))
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
            __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
@@ -248,6 +249,7 @@ bool has(const char* name) {
 
 Kernel kernel_for(const std::string& name) {
 #if defined(__x86_64__) || defined(_M_X64)
+  if (name == "amx") return amx::matmul;
   if (name == "avx512_vnni") return avx512::matmul;
   if (name == "avx2") return avx2::matmul;
 #endif
@@ -258,7 +260,7 @@ Kernel kernel_for(const std::string& name) {
 }
 
 std::string best_isa() {
-  for (const char* name : {"avx512_vnni", "avx2", "neon"})
+  for (const char* name : {"amx", "avx512_vnni", "avx2", "neon"})
     if (has(name)) return name;
   return "scalar";
 }
@@ -315,11 +317,11 @@ __attribute__((target("avx512f,avx512bw"))) void quantize_block_avx512(const flo
 }
 #endif
 
-// The AVX-512 quantizer goes with the AVX-512 kernel, so that comparing the ISAs' results (the
+// The AVX-512 quantizer goes with the AVX-512 kernels (VNNI and AMX), so that comparing the ISAs' results (the
 // tests do) compares the quantizers too.
 bool vector_quantizer() {
 #if defined(__x86_64__) || defined(_M_X64)
-  return g_kernel == avx512::matmul;
+  return g_kernel == avx512::matmul || g_kernel == amx::matmul;
 #else
   return false;
 #endif
@@ -453,7 +455,7 @@ std::string isa() { return g_isa; }
 
 std::string available_isas() {
   std::string out;
-  for (const char* name : {"avx512_vnni", "avx2", "neon", "scalar"})
+  for (const char* name : {"amx", "avx512_vnni", "avx2", "neon", "scalar"})
     if (has(name)) out += (out.empty() ? "" : ",") + std::string(name);
   return out;
 }

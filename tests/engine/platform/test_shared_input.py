@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import tiny_gguf
 from gguf import GGMLQuantizationType as Q
-from test_qmatmul import isas, random_blocks
+from quant_blocks import random_blocks
+from test_qmatmul import isas
 
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.platform import packed_modules, qmatmul
