@@ -18,9 +18,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as Q
+from quant_blocks import random_blocks
 
 from mlxcel.engine.platform import qmatmul
-from quant_blocks import random_blocks
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="the CPU kernels are not built here")
 

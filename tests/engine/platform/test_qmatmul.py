@@ -18,11 +18,11 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from gguf import quants
 from gguf import GGMLQuantizationType as Q
+from gguf import quants
+from quant_blocks import HALF_FIELDS, random_blocks
 
 from mlxcel.engine.platform import qmatmul
-from quant_blocks import HALF_FIELDS, random_blocks
 
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="the CPU kernels are not built here")
 
