@@ -1,0 +1,76 @@
+"""The fused attention's result is the arithmetic its source defines, bit for bit.
+
+fused.cpp states what one query's output is (the order of every float32 operation: lane sums of
+the scores, their tree, the polynomial exp, the per-lane sum of weights, the weighted sums in key
+order). The kernel picks a clone per CPU (AVX-512, AVX2, portable) and a vector width per part;
+this test computes the stated arithmetic with numpy's float32 operations (each one IEEE-rounded,
+as the C++ is with -ffp-contract=off) and requires equality, so whichever clone this CPU runs
+computes the definition, not an approximation of it. Head sizes cover the 16-wide, 8-wide and
+one-lane parts of the weighted sum.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxcel.engine.platform import qmatmul
+
+pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="the CPU kernels are not built here")
+
+f32 = np.float32
+
+
+def exp_poly(x: np.ndarray) -> np.ndarray:
+    t = np.minimum(f32(88.0), np.maximum(f32(-87.0), x))
+    k = np.floor(t * f32(1.44269504088896341) + f32(0.5))
+    r = t - k * f32(0.693359375)
+    r = r - k * f32(-2.12194440e-4)
+    p = np.full_like(r, f32(1.9875691500e-4))
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * r + f32(c)
+    p = ((p * r) * r + r) + f32(1.0)
+    two_k = ((k.astype(np.int32) + 127) << 23).view(np.float32)
+    return p * two_k
+
+
+def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float) -> np.ndarray:
+    d = q.shape[0]
+    d8 = (d + 7) // 8 * 8
+    qs = np.zeros(d8, f32)
+    qs[:d] = q * f32(scale)
+    kp = np.zeros((keys.shape[0], d8), f32)
+    kp[:, :d] = keys
+    lanes = np.zeros((keys.shape[0], 8), f32)
+    for c in range(0, d8, 8):
+        lanes = lanes + qs[c:c + 8] * kp[:, c:c + 8]
+    p = lanes.T
+    score = ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]))
+    e = exp_poly(score - score.max())
+    s = np.zeros(8, f32)
+    for j in range(0, len(e), 8):
+        chunk = np.zeros(8, f32)
+        chunk[:len(e[j:j + 8])] = e[j:j + 8]
+        s = s + chunk
+    inv = f32(1.0) / (((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])))
+    acc = np.zeros(d, f32)
+    for j in range(len(e)):
+        acc = acc + e[j] * values[j]
+    return acc * inv
+
+
+@pytest.mark.parametrize("d", [64, 80, 72, 20])
+def test_attention_is_its_stated_arithmetic(d):
+    rng = np.random.default_rng(d)
+    hq, hk, s, length = 4, 2, 37, 5
+    q = rng.standard_normal((1, hq, length, d)).astype(f32)
+    k = rng.standard_normal((1, hk, s, d)).astype(f32)
+    v = rng.standard_normal((1, hk, s, d)).astype(f32)
+    scale = float(f32(1.0 / np.sqrt(d)))
+    got = np.array(qmatmul.extension().attention(mx.array(q), mx.array(k), mx.array(v), scale, True))
+    for h in range(hq):
+        for i in range(length):
+            n = s - length + i + 1
+            want = attend(q[0, h, i], k[0, h // (hq // hk), :n], v[0, h // (hq // hk), :n], scale)
+            assert np.array_equal(got[0, h, i], want), (d, h, i)
