@@ -58,6 +58,7 @@ def _load():
             else:
                 _ext = ext
                 ext.set_num_threads(default_threads())
+                log.info("CPU quantized kernels: %s (this CPU has %s)", ext.isa(), ext.available_isas())
     if _ext is None:
         log.info("CPU quantized kernels unavailable (%s): quantized weights run as float32", _why)
     return _ext
