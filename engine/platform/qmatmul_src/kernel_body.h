@@ -218,14 +218,18 @@ static XQuant chunked_rows(const XQuant& x, int m, int step) {
   return XQuant{q.data(), d.data(), s.data(), ds.data(), k};
 }
 
-template <int T>
-static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& rows, int m, float* out,
-                        int t0, int t1) {
+// Rows [r0, r0 + rows) of one tile into out (chunk, or another unit's chunk of its own).
+using ChunkFn = void (*)(const Layout&, const uint8_t*, int, int, const XQuant&, int, int, float*, int, size_t);
+
+// The walk over blocks of rows, tiles and chunks of STEP rows, each chunk computed by CHUNK (the
+// activations laid out for chunks of STEP, see chunked_rows).
+template <int T, int STEP, ChunkFn CHUNK>
+static void walk(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& rows, int m, float* out, int t0,
+                 int t1) {
   const size_t tb = tile_bytes(l, k);
   const int units = k / l.group;
   const bool by_tile = tb * size_t(t1 - t0) > TILE_ORDER_BYTES;
-  constexpr int step = wide_chunks<T> ? V::MAXR : std::min(V::MAXR, BLOCK_TYPE_ROWS);
-  const XQuant x = m > 1 ? chunked_rows(rows, m, step) : rows;
+  const XQuant x = m > 1 ? chunked_rows(rows, m, STEP) : rows;
   // Software prefetch: the first chunk of rows to meet a tile fetches the next tile (tb bytes on),
   // so the read runs a whole tile's compute ahead, and later chunks of the same tile issue nothing
   // (their tile is in L1 / L2), except the K-quants' short distance in the chunk-by-chunk walk.
@@ -239,16 +243,22 @@ static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, co
     const int b1 = std::min(m, b0 + ROW_BLOCK);
     if (by_tile) {
       for (int t = t0; t < t1; ++t)
-        for (int r0 = b0; r0 < b1; r0 += step)
-          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t,
-                   r0 == b0 ? next : 0);
+        for (int r0 = b0; r0 < b1; r0 += STEP)
+          CHUNK(l, packed + size_t(t) * tb, units, n, x, r0, std::min(STEP, b1 - r0), out, t, r0 == b0 ? next : 0);
     } else {
-      for (int r0 = b0; r0 < b1; r0 += step)
+      for (int r0 = b0; r0 < b1; r0 += STEP)
         for (int t = t0; t < t1; ++t)
-          chunk<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(step, b1 - r0), out, t,
-                   r0 == b0 ? next : later);
+          CHUNK(l, packed + size_t(t) * tb, units, n, x, r0, std::min(STEP, b1 - r0), out, t,
+                r0 == b0 ? next : later);
     }
   }
+}
+
+template <int T>
+static void matmul_type(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& rows, int m, float* out,
+                        int t0, int t1) {
+  constexpr int step = wide_chunks<T> ? V::MAXR : std::min(V::MAXR, BLOCK_TYPE_ROWS);
+  walk<T, step, chunk<T>>(l, packed, n, k, rows, m, out, t0, t1);
 }
 
 // The entry point's name: `matmul` unless the including unit wants it under another (kernels_amx.cpp

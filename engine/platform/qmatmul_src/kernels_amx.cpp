@@ -244,32 +244,12 @@ void amx_rows(const Layout& l, const uint8_t* tile, int units, int n, const XQua
   }
 }
 
-// The walk of matmul_type (kernel_body.h) with chunks of up to 16 rows: the same order over
-// tiles and rows, the same prefetch.
+// matmul_type's walk (kernel_body.h) with chunks of up to 16 rows: the same order over tiles and
+// rows, the same prefetch.
 template <int T>
 void amx_type(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& rows, int m, float* out, int t0,
               int t1) {
-  const size_t tb = tile_bytes(l, k);
-  const int units = k / l.group;
-  const bool by_tile = tb * size_t(t1 - t0) > TILE_ORDER_BYTES;
-  const XQuant x = chunked_rows(rows, m, AMX_ROWS);
-  const size_t dist = size_t(std::max(0, prefetch_distance()));
-  const size_t next = dist ? tb : 0;
-  const size_t later = Traits<T>::kq ? dist : 0;
-  for (int b0 = 0; b0 < m; b0 += ROW_BLOCK) {
-    const int b1 = std::min(m, b0 + ROW_BLOCK);
-    if (by_tile) {
-      for (int t = t0; t < t1; ++t)
-        for (int r0 = b0; r0 < b1; r0 += AMX_ROWS)
-          amx_rows<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(AMX_ROWS, b1 - r0), out, t,
-                      r0 == b0 ? next : 0);
-    } else {
-      for (int r0 = b0; r0 < b1; r0 += AMX_ROWS)
-        for (int t = t0; t < t1; ++t)
-          amx_rows<T>(l, packed + size_t(t) * tb, units, n, x, r0, std::min(AMX_ROWS, b1 - r0), out, t,
-                      r0 == b0 ? next : later);
-    }
-  }
+  walk<T, AMX_ROWS, amx_rows<T>>(l, packed, n, k, rows, m, out, t0, t1);
   // Leave the tile state unused between calls (a thread holding it saves and restores 8 KB more
   // per context switch).
   if (g_config != -1) {
