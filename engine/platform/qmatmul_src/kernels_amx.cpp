@@ -12,15 +12,16 @@
 // whatever the width: the probe's verdicts and the kernel tests hold unchanged.
 //
 // Measured per call on this kind of CPU (Sapphire Rapids guest, one thread, weights in cache), at 16
-// rows: Q4_1 1536 x 576 0.30 -> 0.21 ms, Q8_0 0.37 -> 0.31, Q4_K 1536 x 1536 0.63 -> 0.48, Q5_K
-// 0.62 -> 0.49; at 8 rows even, at 4 slower (the tile loads and the store of C per block cost
+// rows: Q4_1 1536 x 576 0.30 -> 0.21-0.25 ms, Q8_0 0.38 -> 0.28-0.31, Q4_K 1536 x 1536 0.61 ->
+// 0.48, Q5_K 0.62-0.67 -> 0.49-0.52 (docs/benchmarks.md); at 8 rows even, at 4 slower (the tile loads and the store of C per block cost
 // more than 4 rows of vpdpbusd), hence chunks of 8 or more. Q6_K stays on VNNI: its two 16-input
 // halves carry their own scales, so each block takes two half-depth products and two stores (16
 // rows 0.91 -> 1.25 ms). The per-block store of C and the float epilogue are what remain: the
 // scales differ per block, so C cannot accumulate across blocks.
 //
-// Written by hand because no maintained library gives a matmul over these block formats with a
-// row's bits independent of the batch width (oneDNN's AMX int8 GEMM rounds and blocks per call).
+// Written by hand because no maintained library multiplies these block formats (a scale and a
+// min per 32 values and feature) on the tiles with a row's bits independent of the batch width;
+// llama.cpp's AMX code is part of ggml, not a library to link.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
