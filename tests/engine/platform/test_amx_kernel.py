@@ -68,6 +68,7 @@ def test_amx_rows_equal_vnni_rows(kind, ext):
         ext.set_isa("avx512_vnni")
         want = qmatmul.qmatmul(x, w)
         one = mx.concatenate([qmatmul.qmatmul(x[i:i + 1], w) for i in range(20)])
+        mx.eval(want, one)  # the kernel is the one set when the graph is evaluated
         assert mx.array_equal(want[:20], one), (kind, threads)
         ext.set_isa("amx")
         for m in (1, 3, 4, 8, 13, 16, 17, 19, 20, 32, 70):
@@ -84,6 +85,7 @@ def test_amx_large_matrix_walk(ext):
     ext.set_num_threads(1)
     ext.set_isa("avx512_vnni")
     want = qmatmul.qmatmul(x, w)
+    mx.eval(want)  # the kernel is the one set when the graph is evaluated
     ext.set_isa("amx")
     assert mx.array_equal(qmatmul.qmatmul(x, w), want)
 
@@ -94,3 +96,32 @@ def test_amx_switch_turns_it_off():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "amx" not in out.stdout.strip().split(",")
     assert "avx512_vnni" in out.stdout or not has_amx()
+
+
+@needs_amx
+def test_amx_narrow_chunks_when_asked():
+    """MLXCEL_AMX_MIN_ROWS=2 sends chunks of 2 to 7 rows through the tiles too (by default they take
+    the VNNI code): the same bits there, for a 32-value block type and a K-quant."""
+    code = """
+import mlx.core as mx, numpy as np
+from gguf import GGMLQuantizationType as Q
+from quant_blocks import random_blocks
+from mlxcel.engine.platform import qmatmul
+ext = qmatmul.extension()
+qmatmul.set_threads(1)
+for qtype in (Q.Q4_1, Q.Q4_K):
+    n, k = 40, 512
+    w = qmatmul.pack_gguf(random_blocks(qtype, n, k, seed=3), int(qtype), n, k)
+    x = mx.array(np.random.default_rng(4).standard_normal((23, k)).astype(np.float32))
+    for m in range(2, 24):
+        ext.set_isa("avx512_vnni")
+        want = qmatmul.qmatmul(x[:m], w)
+        mx.eval(want)
+        ext.set_isa("amx")
+        assert mx.array_equal(qmatmul.qmatmul(x[:m], w), want), (qtype, m)
+print("ok")
+"""
+    helpers = os.path.join(os.path.dirname(__file__), "..", "..", "helpers")
+    env = dict(os.environ, MLXCEL_AMX_MIN_ROWS="2", PYTHONPATH=os.pathsep.join([helpers, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
