@@ -88,7 +88,7 @@ COST_ENV = "MLXCEL_VERIFY_COST"
 _MEASURE_ROWS = 2
 _MEASURE_WIDTHS = (1, 8, 16)  # tokens per row in the timed forwards
 _MEASURE_CONTEXT = 32  # tokens each timed row holds
-_MEASURE_REPEATS = 2  # best of, after one warm-up
+_MEASURE_ROUNDS = 4  # rounds over every width, after one warm-up each (measure)
 PRIOR_ACCEPTED, PRIOR_TESTED = 4, 5  # a row's acceptance before its own evidence: 0.8 (VerifyCost.draft_cap)
 DECAY = 0.96  # each sample's weight, for each newer sample (LearnedCost): about 17 steps to halve
 PRIOR_WEIGHT = 0.5  # each of the load-time line's two pseudo-samples (never decays)
@@ -289,9 +289,20 @@ def from_env(environ: Mapping[str, str] | None = None) -> VerifyCost | None | st
     return VerifyCost(fixed, per_token, source="given")
 
 
-def measure(model: Any, make_cache: Callable[[], list[Any]], vocab_size: int) -> VerifyCost | None:
+def measure(model: Any, make_cache: Callable[[], list[Any]], vocab_size: int, *,
+            timed: Callable[[int, Callable[[], float]], float] | None = None) -> VerifyCost | None:
     """Time the ragged forward at a few widths on ``model`` and fit ``fixed + per_token * N``; None
-    when the target's cache cannot join a ragged batch (its rows are then never verified together)."""
+    when the target's cache cannot join a ragged batch (its rows are then never verified together).
+
+    After one warm-up forward per width, :data:`_MEASURE_ROUNDS` rounds each time every width once,
+    the widths taking turns (the order rotates and reverses from round to round), and each width keeps
+    its best. A stall (another process, a collection) lasts over consecutive forwards: timed back to
+    back, the repeats of one width all fell in it, and one inflated point swung the line (this 2-core
+    guest measured 41.5 ms + 1.03 ms a token at one start, 10.5-12.7 ms + 1.4-2.2 at others, and the
+    first let a fresh row at 8 rows draft 8 tokens instead of 2-3). Interleaved, a stall costs a width
+    one round, not its minimum. ``timed(n_tokens, run)`` returns the ms of one forward of
+    ``n_tokens`` tokens, ``run()`` running it and returning its wall ms (the default); tests script
+    stalls with it."""
     cache = make_cache()
     if not joinable(cache):
         return None
@@ -300,21 +311,28 @@ def measure(model: Any, make_cache: Callable[[], list[Any]], vocab_size: int) ->
     batch = RaggedBatch(model)
     for row in range(_MEASURE_ROWS):
         batch.add(row, cache)
-    points = []
-    for width in _MEASURE_WIDTHS:
-        best = math.inf
-        for repeat in range(_MEASURE_REPEATS + 1):  # the first is a warm-up (graph and buffer setup)
-            plan = StepPlan()
-            for row in batch.rows:
-                plan.add(row, tokens[_MEASURE_CONTEXT:_MEASURE_CONTEXT + width], batch.length(row))
-            start = time.perf_counter()
-            mx.eval(batch.forward(plan))
-            elapsed = (time.perf_counter() - start) * 1e3
-            for row in batch.rows:
-                batch.rewind(row, width)
-            if repeat:
-                best = min(best, elapsed)
-        points.append((_MEASURE_ROWS * width, best))
+
+    def run(width: int) -> float:
+        plan = StepPlan()
+        for row in batch.rows:
+            plan.add(row, tokens[_MEASURE_CONTEXT:_MEASURE_CONTEXT + width], batch.length(row))
+        start = time.perf_counter()
+        mx.eval(batch.forward(plan))
+        elapsed = (time.perf_counter() - start) * 1e3
+        for row in batch.rows:
+            batch.rewind(row, width)
+        return elapsed
+
+    timed = timed or (lambda n, forward: forward())
+    for width in _MEASURE_WIDTHS:  # warm-up: graph and buffer setup
+        run(width)
+    best = {width: math.inf for width in _MEASURE_WIDTHS}
+    widths = list(_MEASURE_WIDTHS)
+    for r in range(_MEASURE_ROUNDS):
+        order = widths[r % len(widths):] + widths[:r % len(widths)]
+        for width in order if r % 2 == 0 else order[::-1]:
+            best[width] = min(best[width], timed(_MEASURE_ROWS * width, lambda w=width: run(w)))
+    points = [(_MEASURE_ROWS * width, best[width]) for width in _MEASURE_WIDTHS]
     n_mean = sum(n for n, _ in points) / len(points)
     t_mean = sum(t for _, t in points) / len(points)
     slope = (sum((n - n_mean) * (t - t_mean) for n, t in points)

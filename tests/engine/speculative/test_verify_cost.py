@@ -60,6 +60,26 @@ def test_measured_at_load_on_a_real_checkpoint(tiny_llama):
     assert cost.fixed_ms >= 0 and cost.per_token_ms >= 0 and cost.fixed_ms + cost.per_token_ms > 0
 
 
+@pytest.mark.parametrize("burst", [3, 5])
+def test_a_stall_over_consecutive_forwards_at_load_does_not_move_the_line(tiny_llama, burst):
+    """The forwards really run (a tiny checkpoint); their times are scripted: 10 ms + 1.5 ms a token,
+    and a stall of 60 ms over ``burst`` consecutive forwards, starting anywhere. Each width keeps its
+    best over rounds in which the widths take turns, so the stall never reaches every round of a
+    width and the line comes out exact. (Measured back to back, a width's repeats all fell in such
+    a stall: its point rose by the stall and the fit's fixed part with it.)"""
+    for start in range(0, 12):
+        calls: list[int] = []
+
+        def timed(n_tokens, run):
+            assert run() > 0
+            calls.append(n_tokens)
+            return 10.0 + 1.5 * n_tokens + (60.0 if start <= len(calls) - 1 < start + burst else 0.0)
+
+        cost = measure(tiny_llama.model, tiny_llama.make_cache, tiny_llama.vocab_size, timed=timed)
+        assert len(calls) >= 9 and sorted(set(calls)) == [2, 16, 32]
+        assert cost.fixed_ms == pytest.approx(10.0) and cost.per_token_ms == pytest.approx(1.5), (start, calls)
+
+
 # -- learned while serving (LearnedCost) -----------------------------------------------------------------
 
 def _feed(cost: LearnedCost, fixed: float, per_token: float, widths=(4, 12, 20, 36), rounds: int = 40) -> None:
