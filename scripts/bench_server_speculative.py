@@ -224,8 +224,7 @@ def concurrent(args, model_args) -> int:
                                                 names))
                     tps = sum(r["n"] for r in results) / (time.perf_counter() - t0)
                     if tps > best.get((mix, arm), 0.0):
-                        best_results[(mix, arm)] = results
-                    best[(mix, arm)] = max(best.get((mix, arm), 0.0), tps)
+                        best[(mix, arm)], best_results[(mix, arm)] = tps, results
                     counts = per_round.setdefault((mix, arm), [0, 0])
                     counts[0] += sum(r["drafted"] for r in results)
                     counts[1] += sum(r["rounds"] for r in results)
@@ -257,7 +256,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--block", type=int, default=None, help="--spec-ngram-simple-size-m for the lookup server")
     ap.add_argument("-m", "--model", default=None, help="model for both servers (default: the built-in SmolLM2)")
-    ap.add_argument("--workloads", default=",".join(w for w in WORKLOADS if w not in COPY_MIX_ONLY), help="comma-separated subset of the workloads")
+    ap.add_argument("--workloads", default=",".join(w for w in WORKLOADS if w not in COPY_MIX_ONLY),
+                    help="comma-separated subset of the workloads")
     ap.add_argument("--arms", default=None, help="comma-separated subset of plain,lookup,opt-out (one client); "
                     "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned,costed,learned (default plain,lookup,uncapped; "
                     "costed: --cost; learned: the cost model learned while serving, MLXCEL_VERIFY_COST=learn; "
