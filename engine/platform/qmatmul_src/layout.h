@@ -22,8 +22,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace mlxcel_q {
 
@@ -80,13 +82,31 @@ inline size_t tile_bytes(const Layout& l, int k) { return size_t(k / l.group) * 
 inline size_t packed_bytes(const Layout& l, int n, int k) { return size_t(n_tiles(n)) * tile_bytes(l, k); }
 
 // Activations quantized per row to int8 in blocks of 32 (scale d = max|x| / 127).
+struct ChunkedRows;
+
 struct XQuant {
   const int8_t* q;      // [M][K]
   const float* d;       // [M][K/32]
   const int32_t* s;     // [M][K/32][2]: sums of q over inputs 0..15 and 16..31 of each block
   const float* ds;      // [M][K/32][3]: d * (sum over 0..15), d * (sum over 16..31), d * (sum over 0..31)
   int k;
+  // A call split among threads shares one re-laid copy of these rows (kernel_body.h, chunked_rows):
+  // the first of its pieces to need it lays it out, the others read it. Null: each piece its own.
+  ChunkedRows* shared = nullptr;
   int blocks() const { return k / 32; }
+};
+
+// One call's activations laid out for chunks of `step` rows, made once for all of its pieces
+// (every piece of a split call used to re-lay all M rows for itself: 16 pieces of a 256-row call
+// on 2 threads, SmolLM2's 1536 x 576 at 2 threads barely faster than at 1). Filled under `mu` by
+// the first piece that asks; a piece wanting another step (a multi-matrix call mixing types) lays
+// out its own, as before.
+struct ChunkedRows {
+  std::mutex mu;
+  int step = 0;  // 0: not laid out yet
+  std::vector<int8_t> q;
+  std::vector<float> d, ds;
+  std::vector<int32_t> s;
 };
 
 // One ISA's kernel: rows [0, m) of out[M, N] for tiles [t0, t1).

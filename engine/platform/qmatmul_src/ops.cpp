@@ -541,7 +541,7 @@ void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       });
       return;
     }
-    const XQuant xq = quantized_input(xp, m, k, strided, shape, strides);
+    XQuant xq = quantized_input(xp, m, k, strided, shape, strides);
     const Layout l = layout_of(type, group);
     Kernel kern = g_kernel;
     Pool& p = pool();
@@ -550,6 +550,8 @@ void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       kern(l, wp, n, k, xq, m, op, 0, tiles);
       return;
     }
+    ChunkedRows shared;  // the pieces' one re-laid copy of the rows (layout.h)
+    xq.shared = &shared;
     p.run(tiles, m * size_t(n) * k, [&](int t0, int t1) {
       if (t0 < t1) kern(l, wp, n, k, xq, m, op, t0, t1);
     });
@@ -593,7 +595,9 @@ void QMatmulMulti::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
     // float32 members read x as it is; x is quantized only when some member is quantized
     const bool any_q = std::any_of(types.begin(), types.end(), [](int t) { return t != F32; });
     const bool any_f = std::any_of(types.begin(), types.end(), [](int t) { return t == F32; });
-    const XQuant xq = any_q ? quantized_input(xp, m, k, strided, shape, strides) : XQuant{};
+    XQuant xq = any_q ? quantized_input(xp, m, k, strided, shape, strides) : XQuant{};
+    ChunkedRows shared;  // the pieces' one re-laid copy of the rows (layout.h), when split
+    xq.shared = &shared;
     const float* xf = any_f ? float_input(xp, m, k, strided, shape, strides) : nullptr;
     FloatKernel fk = g_fkernel;
     // The matrices' tiles numbered one after another; each thread takes one contiguous range.
