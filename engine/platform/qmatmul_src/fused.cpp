@@ -273,20 +273,140 @@ MLXCEL_CLONES void attend(const float* qs, const View4& kv, const View4& vv, int
   }
 }
 
+// The weighted sum over keys j0 .. j1-1 of NV vectors (features d0 .. d0 + 8 NV) added to o, which
+// holds the sum over keys 0 .. j0-1 (nothing read when j0 is 0): weighted_sum's operations in its
+// order, the accumulators passing through memory between blocks as float32, so the same bits.
+template <int NV>
+static MLXCEL_INLINE void weighted_block(const float* e, int j0, int j1, const View4& vv, int b, int hk, int d0,
+                                         float* o) {
+  vf8 acc[NV];
+  for (int t = 0; t < NV; ++t) acc[t] = j0 == 0 ? vf8{} : load8(o + d0 + 8 * t);
+  for (int j = j0; j < j1; ++j) {
+    const float* vr = vv.row(b, hk, j) + d0;
+    const vf8 ej = vf8{} + e[j];
+#pragma GCC unroll 8
+    for (int t = 0; t < NV; ++t) acc[t] += ej * load8(vr + 8 * t);
+  }
+  for (int t = 0; t < NV; ++t) store8(o + d0 + 8 * t, acc[t]);
+}
+
+// One query of a group sharing one head's keys and values (attend_many).
+struct QueryRef {
+  const float* qs;  // the query times the scale, D floats
+  int n;            // it sees keys 0 .. n-1, n >= 1
+  float* o;         // its D outputs
+};
+
+// Keys per block of attend_many's weighted sums: a block's value rows stay in L1 while every query
+// of the group adds them (32 rows of 64 floats: 8 KiB).
+constexpr int kValueBlock = 32;
+
+// Queries q[0 .. nq) against head (b, hk), each computed with exactly `attend`'s operations in
+// `attend`'s order (so the same bits), but with the keys and values read from memory once for the
+// group rather than once per query: every query scores a group of 8 keys while those rows sit in
+// L1, then the next group; the weighted sums advance block by block of kValueBlock keys, each
+// query's accumulators kept in its output between blocks. A query's last group holds keys it does
+// not see (other queries do); its scores there are replaced by the score of its last key, as
+// `attend` computes them. For unit-stride key and value rows and D a multiple of 8 (the callers
+// check); sc: nq rows of ld >= (max n rounded up to 8) floats; inv: nq floats.
+MLXCEL_CLONES void attend_many(const QueryRef* q, int nq, const View4& kv, const View4& vv, int b, int hk, int D,
+                               float* sc, int ld, float* inv) {
+  int nmax = 0;
+  for (int i = 0; i < nq; ++i) nmax = std::max(nmax, q[i].n);
+  for (int j0 = 0; j0 < nmax; j0 += 8) {
+    const float* kr[8];
+    for (int t = 0; t < 8; ++t) kr[t] = kv.row(b, hk, std::min(j0 + t, nmax - 1));
+    for (int i = 0; i < nq; ++i) {
+      if (q[i].n <= j0) continue;
+      const float* qs = q[i].qs;
+      vf8 a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
+      for (int c = 0; c < D; c += 8) {
+        const vf8 qv = load8(qs + c);
+        a0 += qv * load8(kr[0] + c);
+        a1 += qv * load8(kr[1] + c);
+        a2 += qv * load8(kr[2] + c);
+        a3 += qv * load8(kr[3] + c);
+        a4 += qv * load8(kr[4] + c);
+        a5 += qv * load8(kr[5] + c);
+        a6 += qv * load8(kr[6] + c);
+        a7 += qv * load8(kr[7] + c);
+      }
+      store8(sc + size_t(i) * ld + j0, reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
+    }
+  }
+  for (int i = 0; i < nq; ++i) {  // attend's softmax, query by query
+    float* s = sc + size_t(i) * ld;
+    const int n = q[i].n, n8 = (n + 7) & ~7;
+    for (int j = n; j < n8; ++j) s[j] = s[n - 1];
+    vf8 m = load8(s);
+    for (int j = 8; j < n8; j += 8) {
+      const vf8 x = load8(s + j);
+      m = m > x ? m : x;
+    }
+    float mx_ = m[0];
+    for (int t = 1; t < 8; ++t) mx_ = std::max(mx_, m[t]);
+    for (int j = 0; j < n; ++j) s[j] = exp_poly(s[j] - mx_);
+    for (int j = n; j < n8; ++j) s[j] = 0.f;
+    vf8 sum{};
+    for (int j = 0; j < n8; j += 8) sum += load8(s + j);
+    inv[i] = 1.f / tree8(sum);
+  }
+  for (int j0 = 0; j0 < nmax; j0 += kValueBlock) {
+    for (int i = 0; i < nq; ++i) {
+      if (q[i].n <= j0) continue;
+      const float* e = sc + size_t(i) * ld;
+      const int j1 = std::min(j0 + kValueBlock, q[i].n);
+      float* o = q[i].o;
+      int d0 = 0;
+      for (; d0 + 64 <= D; d0 += 64) weighted_block<8>(e, j0, j1, vv, b, hk, d0, o);
+      switch ((D - d0) / 8) {
+        case 7: weighted_block<7>(e, j0, j1, vv, b, hk, d0, o); break;
+        case 6: weighted_block<6>(e, j0, j1, vv, b, hk, d0, o); break;
+        case 5: weighted_block<5>(e, j0, j1, vv, b, hk, d0, o); break;
+        case 4: weighted_block<4>(e, j0, j1, vv, b, hk, d0, o); break;
+        case 3: weighted_block<3>(e, j0, j1, vv, b, hk, d0, o); break;
+        case 2: weighted_block<2>(e, j0, j1, vv, b, hk, d0, o); break;
+        case 1: weighted_block<1>(e, j0, j1, vv, b, hk, d0, o); break;
+        default: break;
+      }
+    }
+  }
+  for (int i = 0; i < nq; ++i) {
+    float* o = q[i].o;
+    for (int d = 0; d < D; d += 8) store8(o + d, load8(o + d) * inv[i]);
+  }
+}
+
 // Per-thread scratch of the attention primitives, sized for keys 0 .. s-1 and head size d.
 struct AttendScratch {
-  std::vector<float> qs, sc, kpad;
+  std::vector<float> qs, sc, kpad, inv;
+  std::vector<QueryRef> refs;
   void fit(int s, int d) {
     const size_t d8 = (size_t(d) + 7) & ~size_t(7);
     if (qs.size() < d8) qs.assign(d8, 0.f);
     if (sc.size() < size_t(s) + 8) sc.resize(size_t(s) + 8);
     if (kpad.size() < 8 * d8) kpad.resize(8 * d8);
   }
+  // room for a group of nq queries (attend_many); returns the score rows' stride
+  int fit_group(int nq, int s, int d) {
+    const int ld = ((s + 7) & ~7) + 8;
+    if (qs.size() < size_t(nq) * d) qs.resize(size_t(nq) * d);
+    if (sc.size() < size_t(nq) * ld) sc.resize(size_t(nq) * ld);
+    if (inv.size() < size_t(nq)) inv.resize(nq);
+    refs.clear();
+    return ld;
+  }
   // the query row (stride s3) times the scale into qs (zero-padded to 8)
   const float* query(const float* qr, int64_t s3, int d, float scale) {
     for (int i = 0; i < d; ++i) qs[i] = qr[i * s3] * scale;
     for (int i = d; i < ((d + 7) & ~7); ++i) qs[i] = 0.f;
     return qs.data();
+  }
+  // the group's next query: its row times the scale into its own slot of qs
+  void add(const float* qr, int64_t s3, int d, float scale, int n, float* o) {
+    float* dst = qs.data() + refs.size() * size_t(d);
+    for (int i = 0; i < d; ++i) dst[i] = qr[i * s3] * scale;
+    refs.push_back({dst, n, o});
   }
 };
 
@@ -297,6 +417,15 @@ AttendScratch& attend_scratch() {
 
 // Queries per unit of a threaded attention call (a unit: one head's run of consecutive queries).
 constexpr int kQueryChunk = 8;
+// Queries per unit of the grouped path (a unit: a run of queries of every query head that reads
+// one key head), about this many whatever the heads per key head.
+constexpr int kGroupQueries = 24;
+// A grouped call with fewer units than this splits its key heads' query heads into units of one
+// head, so that the kernel threads still get several units each (same bits either way).
+constexpr int kMinGroupUnits = 4;
+
+// Whether attend_many can compute these keys and values (unit-stride rows, D a multiple of 8).
+bool groupable(const View4& kv, const View4& vv, int D) { return kv.s3 == 1 && vv.s3 == 1 && D % 8 == 0; }
 
 class AttentionP : public mx::UnaryPrimitive {
  public:
@@ -312,18 +441,50 @@ class AttentionP : public mx::UnaryPrimitive {
                   Hq = q.shape(1), L = q.shape(2), D = q.shape(3), Hk = k.shape(1), S = k.shape(2), scale = scale_,
                   causal = causal_]() {
       const int group = Hq / Hk;
-      const int chunks = (L + kQueryChunk - 1) / kQueryChunk;
       // keys seen in all, for sizing the split: causal rows see S - L + 1 .. S keys
       const size_t keys = causal ? size_t(L) * std::max(0, S - L) + size_t(L) * (L + 1) / 2 : size_t(L) * S;
+      const size_t macs = size_t(B) * Hq * keys * D * 2;
+      auto keys_of = [&](int l) { return causal ? std::min(S, S - L + l + 1) : S; };
+      if (groupable(kv, vv, D)) {
+        // Units (b, key head, heads of it, run of queries), the run fastest; which unit or thread
+        // computes a query does not change its bits (attend_many's arithmetic per query is attend's).
+        const int chunk = std::max(1, kGroupQueries / group);
+        const int chunks = (L + chunk - 1) / chunk;
+        const int hg = B * Hk * chunks >= kMinGroupUnits ? group : 1;  // query heads per unit
+        const int subs = group / hg;
+        parallel_for(B * Hk * subs * chunks, macs, [&](int u0, int u1) {
+          AttendScratch& scr = attend_scratch();
+          for (int u = u0; u < u1; ++u) {
+            const int c = u % chunks, sub = (u / chunks) % subs, hk = (u / chunks / subs) % Hk;
+            const int b = u / chunks / subs / Hk;
+            const int l0 = c * chunk, l1 = std::min(L, l0 + chunk);
+            const int ld = scr.fit_group(hg * (l1 - l0), S, D);
+            for (int h = hk * group + sub * hg; h < hk * group + (sub + 1) * hg; ++h)
+              for (int l = l0; l < l1; ++l) {
+                float* o = op + ((size_t(b) * Hq + h) * L + l) * D;
+                const int n = keys_of(l);
+                if (n <= 0)  // a query that sees no key (more queries than keys, causal)
+                  std::fill(o, o + D, NAN);
+                else
+                  scr.add(qv.row(b, h, l), qv.s3, D, scale, n, o);
+              }
+            if (!scr.refs.empty())
+              attend_many(scr.refs.data(), int(scr.refs.size()), kv, vv, b, hk, D, scr.sc.data(), ld,
+                          scr.inv.data());
+          }
+        });
+        return;
+      }
+      const int chunks = (L + kQueryChunk - 1) / kQueryChunk;
       // Units (b, h, chunk of queries), chunk fastest; which thread computes a query does not
       // change its bits (attend's arithmetic depends on neither the thread nor the other queries).
-      parallel_for(B * Hq * chunks, size_t(B) * Hq * keys * D * 2, [&](int u0, int u1) {
+      parallel_for(B * Hq * chunks, macs, [&](int u0, int u1) {
         AttendScratch& scr = attend_scratch();
         scr.fit(S, D);
         for (int u = u0; u < u1; ++u) {
           const int c = u % chunks, h = (u / chunks) % Hq, b = u / chunks / Hq;
           for (int l = c * kQueryChunk; l < std::min(L, (c + 1) * kQueryChunk); ++l) {
-            const int n = causal ? std::min(S, S - L + l + 1) : S;
+            const int n = keys_of(l);
             float* o = op + ((size_t(b) * Hq + h) * L + l) * D;
             if (n <= 0) {  // a query that sees no key (more queries than keys, causal)
               std::fill(o, o + D, NAN);
@@ -349,8 +510,8 @@ class AttentionP : public mx::UnaryPrimitive {
   bool causal_;
 };
 
-
-// Rows of different lengths, queries flat (fused.h). Each query is computed by AttentionP's `attend`.
+// Rows of different lengths, queries flat (fused.h). Each query is computed by AttentionP's `attend`
+// (or attend_many, the same bits).
 class RaggedAttentionP : public mx::UnaryPrimitive {
  public:
   RaggedAttentionP(mx::Stream s, float scale) : mx::UnaryPrimitive(s), scale_(scale) {}
@@ -369,17 +530,43 @@ class RaggedAttentionP : public mx::UnaryPrimitive {
       const int group = Hq / Hk;
       size_t keys = 0;
       for (int i = 0; i < N; ++i) keys += size_t(std::min(std::max(pos[i] + 1, 1), S));
+      // the caller checks rows and positions; here they are only kept inside the arrays
+      auto row_of = [&](int i) { return std::min(std::max(rows[i], 0), B - 1); };
+      auto keys_of = [&](int i) { return std::min(std::max(pos[i] + 1, 1), S); };
+      if (groupable(kv, vv, D)) {
+        // Runs of consecutive queries of one row (a verify block, a prompt chunk, a decode row),
+        // at most kGroupQueries / group long; units (run, key head, heads of it), heads fastest.
+        const int chunk = std::max(1, kGroupQueries / group);
+        std::vector<int> starts;
+        for (int i = 0; i < N; ++i)
+          if (starts.empty() || row_of(i) != row_of(i - 1) || i - starts.back() >= chunk) starts.push_back(i);
+        const int runs = int(starts.size());
+        starts.push_back(N);
+        const int hg = runs * Hk >= kMinGroupUnits ? group : 1;
+        const int subs = group / hg;
+        parallel_for(runs * Hk * subs, keys * Hq * D * 2, [&](int u0, int u1) {
+          AttendScratch& scr = attend_scratch();
+          for (int u = u0; u < u1; ++u) {
+            const int sub = u % subs, hk = (u / subs) % Hk, r = u / subs / Hk;
+            const int i0 = starts[r], i1 = starts[r + 1];
+            const int ld = scr.fit_group(hg * (i1 - i0), S, D);
+            for (int h = hk * group + sub * hg; h < hk * group + (sub + 1) * hg; ++h)
+              for (int i = i0; i < i1; ++i)
+                scr.add(qp + i * qs0 + h * qs1, qs2, D, scale, keys_of(i), op + (size_t(i) * Hq + h) * D);
+            attend_many(scr.refs.data(), int(scr.refs.size()), kv, vv, row_of(i0), hk, D, scr.sc.data(), ld,
+                        scr.inv.data());
+          }
+        });
+        return;
+      }
       // units (query, head), head fastest
       parallel_for(N * Hq, keys * Hq * D * 2, [&](int u0, int u1) {
         AttendScratch& scr = attend_scratch();
         scr.fit(S, D);
         for (int u = u0; u < u1; ++u) {
           const int i = u / Hq, h = u % Hq;
-          // the caller checks rows and positions; here they are only kept inside the arrays
-          const int b = std::min(std::max(rows[i], 0), B - 1);
-          const int n = std::min(std::max(pos[i] + 1, 1), S);
-          attend(scr.query(qp + i * qs0 + h * qs1, qs2, D, scale), kv, vv, b, h / group, n, D, scr.sc.data(),
-                 scr.kpad.data(), op + (size_t(i) * Hq + h) * D);
+          attend(scr.query(qp + i * qs0 + h * qs1, qs2, D, scale), kv, vv, row_of(i), h / group, keys_of(i), D,
+                 scr.sc.data(), scr.kpad.data(), op + (size_t(i) * Hq + h) * D);
         }
       });
     });

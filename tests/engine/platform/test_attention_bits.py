@@ -61,9 +61,12 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float) ->
 
 
 @pytest.mark.parametrize("d", [64, 80, 72, 20])
-def test_attention_is_its_stated_arithmetic(d):
+@pytest.mark.parametrize("heads", [(4, 2, 37, 5), (6, 2, 70, 30)], ids=["few-queries", "key-head-groups"])
+def test_attention_is_its_stated_arithmetic(d, heads):
+    """The second shape has enough queries that every query head of a key head is computed in one
+    group (the keys read once for all of them), its queries' key counts spanning several blocks."""
     rng = np.random.default_rng(d)
-    hq, hk, s, length = 4, 2, 37, 5
+    hq, hk, s, length = heads
     q = rng.standard_normal((1, hq, length, d)).astype(f32)
     k = rng.standard_normal((1, hk, s, d)).astype(f32)
     v = rng.standard_normal((1, hk, s, d)).astype(f32)

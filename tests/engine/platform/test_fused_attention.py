@@ -98,8 +98,10 @@ def test_ragged_attention_is_attention_at_any_thread_count(threads):
     ext = qmatmul.extension()
     k = mx.random.normal((2, 2, 300, 64), key=mx.random.key(11))
     v = mx.random.normal((2, 2, 300, 64), key=mx.random.key(12))
-    q = mx.random.normal((5, 6, 64), key=mx.random.key(13))
-    rows, positions = [0, 0, 1, 1, 1], [7, 8, 250, 251, 252]
+    # decode rows, short blocks, a prompt chunk longer than one group of queries, a row met again
+    rows = [0, 0, 1, 1, 1] + [1] * 12 + [0]
+    positions = [7, 8, 250, 251, 252] + list(range(260, 272)) + [9]
+    q = mx.random.normal((len(rows), 6, 64), key=mx.random.key(13))
     outs = []
     for n in (1, 2):
         threads(n)
