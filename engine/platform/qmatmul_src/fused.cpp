@@ -7,6 +7,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "ops.h"
@@ -156,12 +160,12 @@ class RopeP : public mx::UnaryPrimitive {
 
 // ----------------------------------------------------------------------------- attention
 // One query's scores, softmax and weighted sum, written with 8-float vectors (GCC's vector
-// extension: every clone, the portable one included, computes the same per-lane operations, so
-// the bits do not depend on the ISA; -ffp-contract=off keeps multiplies and adds apart). What a
-// query's result is, defined once here and independent of the call's shape:
-//   score_j = ((p0+p4)+(p2+p6)) + ((p1+p5)+(p3+p7)),  p_t = sum over c (in order) of q[8c+t]*k_j[8c+t]
+// extension) and fused multiply-adds (fma8, one rounding each; see the two compilations below), so
+// the bits do not depend on the ISA; -ffp-contract=off keeps every other multiply and add apart.
+// What a query's result is, defined once here and independent of the call's shape:
+//   score_j = ((p0+p4)+(p2+p6)) + ((p1+p5)+(p3+p7)),  p_t = fma(q[8c+t], k_j[8c+t], p_t) over c in order
 //   m = max_j score_j;  e_j = exp_poly(score_j - m);  sum = the same tree over 8 lanes, lane t
-//   adding e_j for j = t mod 8 in order;  o[d] = (sum over j in order of e_j * v_j[d]) * (1/sum).
+//   adding e_j for j = t mod 8 in order;  o[d] = acc_d * (1/sum), acc_d = fma(e_j, v_j[d], acc_d) over j in order.
 // Eight keys are scored at once (eight independent accumulators, one tree reduction shared by
 // them through shuffles); a short last group repeats the last key, whose extra scores are unused.
 typedef float vf8 __attribute__((vector_size(32)));
@@ -191,105 +195,6 @@ static MLXCEL_INLINE vf8 reduce8(vf8 a0, vf8 a1, vf8 a2, vf8 a3, vf8 a4, vf8 a5,
 
 static MLXCEL_INLINE float tree8(vf8 v) { return ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7])); }
 
-// NV vectors of the weighted sum (features d0 .. d0 + 8 NV) over keys 0 .. n-1: acc = sum of e_j * v_j.
-template <int NV>
-static MLXCEL_INLINE void weighted_sum(const float* e, int n, const View4& vv, int b, int hk, int d0, float inv,
-                                       float* o) {
-  vf8 acc[NV];
-  for (int t = 0; t < NV; ++t) acc[t] = vf8{};
-  for (int j = 0; j < n; ++j) {
-    const float* vr = vv.row(b, hk, j) + d0;
-    const vf8 ej = vf8{} + e[j];
-#pragma GCC unroll 8
-    for (int t = 0; t < NV; ++t) acc[t] += ej * load8(vr + 8 * t);
-  }
-  for (int t = 0; t < NV; ++t) store8(o + d0 + 8 * t, acc[t] * inv);
-}
-
-// One query against keys 0 .. n-1 (n >= 1) of head (b, hk) into o[D]. qs: the query times the
-// scale, D8 = D rounded up to 8 floats, zero-padded; sc: room for n + 8 floats; kpad: room for 8
-// padded key rows (8 * D8 floats), used when a key row is strided or D is not a multiple of 8.
-MLXCEL_CLONES void attend(const float* qs, const View4& kv, const View4& vv, int b, int hk, int n, int D,
-                          float* sc, float* kpad, float* o) {
-  const int D8 = (D + 7) & ~7;
-  const bool krows = kv.s3 == 1 && D == D8;
-  for (int j0 = 0; j0 < n; j0 += 8) {
-    const float* kr[8];
-    for (int t = 0; t < 8; ++t) {
-      kr[t] = kv.row(b, hk, std::min(j0 + t, n - 1));
-      if (!krows) {
-        float* r = kpad + t * D8;
-        for (int d = 0; d < D; ++d) r[d] = kr[t][d * kv.s3];
-        for (int d = D; d < D8; ++d) r[d] = 0.f;
-        kr[t] = r;
-      }
-    }
-    vf8 a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
-    for (int c = 0; c < D8; c += 8) {
-      const vf8 qv = load8(qs + c);
-      a0 += qv * load8(kr[0] + c);
-      a1 += qv * load8(kr[1] + c);
-      a2 += qv * load8(kr[2] + c);
-      a3 += qv * load8(kr[3] + c);
-      a4 += qv * load8(kr[4] + c);
-      a5 += qv * load8(kr[5] + c);
-      a6 += qv * load8(kr[6] + c);
-      a7 += qv * load8(kr[7] + c);
-    }
-    store8(sc + j0, reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
-  }
-  const int n8 = (n + 7) & ~7;  // sc[n .. n8) repeat score n-1: the max is unchanged
-  vf8 m = load8(sc);
-  for (int j = 8; j < n8; j += 8) {
-    const vf8 x = load8(sc + j);
-    m = m > x ? m : x;
-  }
-  float mx_ = m[0];
-  for (int t = 1; t < 8; ++t) mx_ = std::max(mx_, m[t]);
-  for (int j = 0; j < n; ++j) sc[j] = exp_poly(sc[j] - mx_);
-  for (int j = n; j < n8; ++j) sc[j] = 0.f;
-  vf8 s{};
-  for (int j = 0; j < n8; j += 8) s += load8(sc + j);
-  const float inv = 1.f / tree8(s);
-  if (vv.s3 == 1) {
-    int d0 = 0;
-    for (; d0 + 64 <= (D & ~7); d0 += 64) weighted_sum<8>(sc, n, vv, b, hk, d0, inv, o);
-    switch (((D & ~7) - d0) / 8) {
-      case 7: weighted_sum<7>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 6: weighted_sum<6>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 5: weighted_sum<5>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 4: weighted_sum<4>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 3: weighted_sum<3>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 2: weighted_sum<2>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 1: weighted_sum<1>(sc, n, vv, b, hk, d0, inv, o); break;
-      default: break;
-    }
-  }
-  // features a vector does not cover (all of them for a strided v): the same sums one lane at a time
-  for (int d = vv.s3 == 1 ? (D & ~7) : 0; d < D; ++d) {
-    float acc = 0.f;
-    for (int j = 0; j < n; ++j) acc += sc[j] * vv.row(b, hk, j)[d * vv.s3];
-    o[d] = acc * inv;
-  }
-}
-
-// The weighted sum over keys j0 .. j1-1 of NV vectors (features d0 .. d0 + 8 NV) added to o, which
-// holds the sum over keys 0 .. j0-1 (nothing read when j0 is 0): weighted_sum's operations in its
-// order, the accumulators passing through memory between blocks as float32, so the same bits.
-template <int NV>
-static MLXCEL_INLINE void weighted_block(const float* e, int j0, int j1, const View4& vv, int b, int hk, int d0,
-                                         float* o) {
-  vf8 acc[NV];
-  for (int t = 0; t < NV; ++t) acc[t] = j0 == 0 ? vf8{} : load8(o + d0 + 8 * t);
-  for (int j = j0; j < j1; ++j) {
-    const float* vr = vv.row(b, hk, j) + d0;
-    const vf8 ej = vf8{} + e[j];
-#pragma GCC unroll 8
-    for (int t = 0; t < NV; ++t) acc[t] += ej * load8(vr + 8 * t);
-  }
-  for (int t = 0; t < NV; ++t) store8(o + d0 + 8 * t, acc[t]);
-}
-
 // One query of a group sharing one head's keys and values (attend_many).
 struct QueryRef {
   const float* qs;  // the query times the scale, D floats
@@ -301,80 +206,130 @@ struct QueryRef {
 // of the group adds them (32 rows of 64 floats: 8 KiB).
 constexpr int kValueBlock = 32;
 
-// Queries q[0 .. nq) against head (b, hk), each computed with exactly `attend`'s operations in
-// `attend`'s order (so the same bits), but with the keys and values read from memory once for the
-// group rather than once per query: every query scores a group of 8 keys while those rows sit in
-// L1, then the next group; the weighted sums advance block by block of kValueBlock keys, each
-// query's accumulators kept in its output between blocks. A query's last group holds keys it does
-// not see (other queries do); its scores there are replaced by the score of its last key, as
-// `attend` computes them. For unit-stride key and value rows and D a multiple of 8 (the callers
-// check); sc: nq rows of ld >= (max n rounded up to 8) floats; inv: nq floats.
-MLXCEL_CLONES void attend_many(const QueryRef* q, int nq, const View4& kv, const View4& vv, int b, int hk, int D,
-                               float* sc, int ld, float* inv) {
-  int nmax = 0;
-  for (int i = 0; i < nq; ++i) nmax = std::max(nmax, q[i].n);
-  for (int j0 = 0; j0 < nmax; j0 += 8) {
-    const float* kr[8];
-    for (int t = 0; t < 8; ++t) kr[t] = kv.row(b, hk, std::min(j0 + t, nmax - 1));
-    for (int i = 0; i < nq; ++i) {
-      if (q[i].n <= j0) continue;
-      const float* qs = q[i].qs;
-      vf8 a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
-      for (int c = 0; c < D; c += 8) {
-        const vf8 qv = load8(qs + c);
-        a0 += qv * load8(kr[0] + c);
-        a1 += qv * load8(kr[1] + c);
-        a2 += qv * load8(kr[2] + c);
-        a3 += qv * load8(kr[3] + c);
-        a4 += qv * load8(kr[4] + c);
-        a5 += qv * load8(kr[5] + c);
-        a6 += qv * load8(kr[6] + c);
-        a7 += qv * load8(kr[7] + c);
-      }
-      store8(sc + size_t(i) * ld + j0, reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
-    }
+// The two compilations of the arithmetic: FMA instructions where the CPU has them (x86: AVX2 and
+// FMA; dispatched at run time), std::fma lane by lane elsewhere. A fused multiply-add is rounded
+// once whatever computes it, so both give the same bits.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MLXCEL_ATTEND_X86 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace attend_x86 {
+static MLXCEL_INLINE vf8 fma8(vf8 a, vf8 b, vf8 c) { return (vf8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+#include "attend_body.h"
+}  // namespace attend_x86
+#pragma GCC pop_options
+#endif
+namespace attend_portable {
+static MLXCEL_INLINE vf8 fma8(vf8 a, vf8 b, vf8 c) {
+  vf8 r;
+  for (int t = 0; t < 8; ++t) r[t] = std::fma(a[t], b[t], c[t]);
+  return r;
+}
+#include "attend_body.h"
+}  // namespace attend_portable
+
+#ifdef MLXCEL_ATTEND_X86
+// AVX-512: two queries of a group in one 16-float register, query a's 8 lanes below query b's,
+// each lane doing what attend_body.h's 8-wide code does for its query (the keys and values
+// broadcast to both halves), so twice the work per instruction and the same bits.
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512dq,avx512vl,avx2,fma")
+namespace attend_x512 {
+static MLXCEL_INLINE vf8 fma8(vf8 a, vf8 b, vf8 c) { return (vf8)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c); }
+static MLXCEL_INLINE __m512 pair_of(const float* a, const float* b) {  // [a[0 .. 8), b[0 .. 8)]
+  return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(a)), _mm256_loadu_ps(b), 1);
+}
+static MLXCEL_INLINE __m512 both(const float* p) { return _mm512_broadcast_f32x8(_mm256_loadu_ps(p)); }
+static MLXCEL_INLINE vf8 lo(__m512 v) { return (vf8)_mm512_castps512_ps256(v); }
+static MLXCEL_INLINE vf8 hi(__m512 v) { return (vf8)_mm512_extractf32x8_ps(v, 1); }
+
+// score8 for queries qa and qb at once, into sa and sb.
+static MLXCEL_INLINE void score_pair(const float* qa, const float* qb, const float* const* kr, int D, float* sa,
+                                     float* sb) {
+  __m512 a[8];
+  for (int t = 0; t < 8; ++t) a[t] = _mm512_setzero_ps();
+  for (int c = 0; c < D; c += 8) {
+    const __m512 qv = pair_of(qa + c, qb + c);
+#pragma GCC unroll 8
+    for (int t = 0; t < 8; ++t) a[t] = _mm512_fmadd_ps(qv, both(kr[t] + c), a[t]);
   }
-  for (int i = 0; i < nq; ++i) {  // attend's softmax, query by query
-    float* s = sc + size_t(i) * ld;
-    const int n = q[i].n, n8 = (n + 7) & ~7;
-    for (int j = n; j < n8; ++j) s[j] = s[n - 1];
-    vf8 m = load8(s);
-    for (int j = 8; j < n8; j += 8) {
-      const vf8 x = load8(s + j);
-      m = m > x ? m : x;
-    }
-    float mx_ = m[0];
-    for (int t = 1; t < 8; ++t) mx_ = std::max(mx_, m[t]);
-    for (int j = 0; j < n; ++j) s[j] = exp_poly(s[j] - mx_);
-    for (int j = n; j < n8; ++j) s[j] = 0.f;
-    vf8 sum{};
-    for (int j = 0; j < n8; j += 8) sum += load8(s + j);
-    inv[i] = 1.f / tree8(sum);
+  store8(sa, reduce8(lo(a[0]), lo(a[1]), lo(a[2]), lo(a[3]), lo(a[4]), lo(a[5]), lo(a[6]), lo(a[7])));
+  store8(sb, reduce8(hi(a[0]), hi(a[1]), hi(a[2]), hi(a[3]), hi(a[4]), hi(a[5]), hi(a[6]), hi(a[7])));
+}
+
+// weighted_block for queries a and b at once over the same keys j0 .. j1-1.
+template <int NV>
+static MLXCEL_INLINE void weighted_block_pair(const float* ea, const float* eb, int j0, int j1, const View4& vv,
+                                              int b, int hk, int d0, float* oa, float* ob) {
+  __m512 acc[NV];
+  for (int t = 0; t < NV; ++t) acc[t] = j0 == 0 ? _mm512_setzero_ps() : pair_of(oa + d0 + 8 * t, ob + d0 + 8 * t);
+  for (int j = j0; j < j1; ++j) {
+    const float* vr = vv.row(b, hk, j) + d0;
+    const __m512 e = _mm512_insertf32x8(_mm512_set1_ps(0.f + ea[j]), _mm256_set1_ps(0.f + eb[j]), 1);
+#pragma GCC unroll 8
+    for (int t = 0; t < NV; ++t) acc[t] = _mm512_fmadd_ps(e, both(vr + 8 * t), acc[t]);
   }
-  for (int j0 = 0; j0 < nmax; j0 += kValueBlock) {
-    for (int i = 0; i < nq; ++i) {
-      if (q[i].n <= j0) continue;
-      const float* e = sc + size_t(i) * ld;
-      const int j1 = std::min(j0 + kValueBlock, q[i].n);
-      float* o = q[i].o;
-      int d0 = 0;
-      for (; d0 + 64 <= D; d0 += 64) weighted_block<8>(e, j0, j1, vv, b, hk, d0, o);
-      switch ((D - d0) / 8) {
-        case 7: weighted_block<7>(e, j0, j1, vv, b, hk, d0, o); break;
-        case 6: weighted_block<6>(e, j0, j1, vv, b, hk, d0, o); break;
-        case 5: weighted_block<5>(e, j0, j1, vv, b, hk, d0, o); break;
-        case 4: weighted_block<4>(e, j0, j1, vv, b, hk, d0, o); break;
-        case 3: weighted_block<3>(e, j0, j1, vv, b, hk, d0, o); break;
-        case 2: weighted_block<2>(e, j0, j1, vv, b, hk, d0, o); break;
-        case 1: weighted_block<1>(e, j0, j1, vv, b, hk, d0, o); break;
-        default: break;
-      }
-    }
+  for (int t = 0; t < NV; ++t) {
+    store8(oa + d0 + 8 * t, lo(acc[t]));
+    store8(ob + d0 + 8 * t, hi(acc[t]));
   }
-  for (int i = 0; i < nq; ++i) {
-    float* o = q[i].o;
-    for (int d = 0; d < D; d += 8) store8(o + d, load8(o + d) * inv[i]);
+}
+
+static MLXCEL_INLINE void weighted_range_pair(const float* ea, const float* eb, int j0, int j1, const View4& vv, int b,
+                                              int hk, int D, float* oa, float* ob) {
+  int d0 = 0;
+  for (; d0 + 64 <= D; d0 += 64) weighted_block_pair<8>(ea, eb, j0, j1, vv, b, hk, d0, oa, ob);
+  switch ((D - d0) / 8) {
+    case 7: weighted_block_pair<7>(ea, eb, j0, j1, vv, b, hk, d0, oa, ob); break;
+    case 6: weighted_block_pair<6>(ea, eb, j0, j1, vv, b, hk, d0, oa, ob); break;
+    case 5: weighted_block_pair<5>(ea, eb, j0, j1, vv, b, hk, d0, oa, ob); break;
+    case 4: weighted_block_pair<4>(ea, eb, j0, j1, vv, b, hk, d0, oa, ob); break;
+    case 3: weighted_block_pair<3>(ea, eb, j0, j1, vv, b, hk, d0, oa, ob); break;
+    case 2: weighted_block_pair<2>(ea, eb, j0, j1, vv, b, hk, d0, oa, ob); break;
+    case 1: weighted_block_pair<1>(ea, eb, j0, j1, vv, b, hk, d0, oa, ob); break;
+    default: break;
   }
+}
+#define MLXCEL_ATTEND_PAIRS 1
+#include "attend_body.h"
+#undef MLXCEL_ATTEND_PAIRS
+}  // namespace attend_x512
+#pragma GCC pop_options
+#endif
+
+// Which compilation this call's attention runs: 2 = AVX-512 pairs, 1 = AVX2 + FMA, 0 = portable.
+// The CPU must have the instructions; set_isa("avx2") or ("scalar") caps it (the tests compare the
+// compilations that way).
+int attend_level() {
+#ifdef MLXCEL_ATTEND_X86
+  static const bool fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool x512 = fma && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                           __builtin_cpu_supports("avx512vl");
+  const std::string name = isa();
+  if (name == "scalar" || !fma) return 0;
+  return name == "avx2" || !x512 ? 1 : 2;
+#else
+  return 0;
+#endif
+}
+
+void attend(const float* qs, const View4& kv, const View4& vv, int b, int hk, int n, int D, float* sc, float* kpad,
+            float* o, int level) {
+#ifdef MLXCEL_ATTEND_X86
+  if (level >= 1) return attend_x86::attend(qs, kv, vv, b, hk, n, D, sc, kpad, o);
+#endif
+  (void)level;
+  attend_portable::attend(qs, kv, vv, b, hk, n, D, sc, kpad, o);
+}
+
+void attend_many(const QueryRef* q, int nq, const View4& kv, const View4& vv, int b, int hk, int D, float* sc,
+                 int ld, float* inv, int level) {
+#ifdef MLXCEL_ATTEND_X86
+  if (level == 2) return attend_x512::attend_many(q, nq, kv, vv, b, hk, D, sc, ld, inv);
+  if (level == 1) return attend_x86::attend_many(q, nq, kv, vv, b, hk, D, sc, ld, inv);
+#endif
+  (void)level;
+  attend_portable::attend_many(q, nq, kv, vv, b, hk, D, sc, ld, inv);
 }
 
 // Per-thread scratch of the attention primitives, sized for keys 0 .. s-1 and head size d.
@@ -441,6 +396,7 @@ class AttentionP : public mx::UnaryPrimitive {
                   Hq = q.shape(1), L = q.shape(2), D = q.shape(3), Hk = k.shape(1), S = k.shape(2), scale = scale_,
                   causal = causal_]() {
       const int group = Hq / Hk;
+      const int level = attend_level();
       // keys seen in all, for sizing the split: causal rows see S - L + 1 .. S keys
       const size_t keys = causal ? size_t(L) * std::max(0, S - L) + size_t(L) * (L + 1) / 2 : size_t(L) * S;
       const size_t macs = size_t(B) * Hq * keys * D * 2;
@@ -470,7 +426,7 @@ class AttentionP : public mx::UnaryPrimitive {
               }
             if (!scr.refs.empty())
               attend_many(scr.refs.data(), int(scr.refs.size()), kv, vv, b, hk, D, scr.sc.data(), ld,
-                          scr.inv.data());
+                          scr.inv.data(), level);
           }
         });
         return;
@@ -491,7 +447,7 @@ class AttentionP : public mx::UnaryPrimitive {
               continue;
             }
             attend(scr.query(qv.row(b, h, l), qv.s3, D, scale), kv, vv, b, h / group, n, D, scr.sc.data(),
-                   scr.kpad.data(), o);
+                   scr.kpad.data(), o, level);
           }
         }
       });
@@ -528,6 +484,7 @@ class RaggedAttentionP : public mx::UnaryPrimitive {
                   Hq = q.shape(1), D = q.shape(2), B = k.shape(0), Hk = k.shape(1), S = k.shape(2),
                   scale = scale_]() {
       const int group = Hq / Hk;
+      const int level = attend_level();
       size_t keys = 0;
       for (int i = 0; i < N; ++i) keys += size_t(std::min(std::max(pos[i] + 1, 1), S));
       // the caller checks rows and positions; here they are only kept inside the arrays
@@ -554,7 +511,7 @@ class RaggedAttentionP : public mx::UnaryPrimitive {
               for (int i = i0; i < i1; ++i)
                 scr.add(qp + i * qs0 + h * qs1, qs2, D, scale, keys_of(i), op + (size_t(i) * Hq + h) * D);
             attend_many(scr.refs.data(), int(scr.refs.size()), kv, vv, row_of(i0), hk, D, scr.sc.data(), ld,
-                        scr.inv.data());
+                        scr.inv.data(), level);
           }
         });
         return;
@@ -566,7 +523,7 @@ class RaggedAttentionP : public mx::UnaryPrimitive {
         for (int u = u0; u < u1; ++u) {
           const int i = u / Hq, h = u % Hq;
           attend(scr.query(qp + i * qs0 + h * qs1, qs2, D, scale), kv, vv, row_of(i), h / group, keys_of(i), D,
-                 scr.sc.data(), scr.kpad.data(), op + (size_t(i) * Hq + h) * D);
+                 scr.sc.data(), scr.kpad.data(), op + (size_t(i) * Hq + h) * D, level);
         }
       });
     });

@@ -1,12 +1,14 @@
 """The fused attention's result is the arithmetic its source defines, bit for bit.
 
-fused.cpp states what one query's output is (the order of every float32 operation: lane sums of
-the scores, their tree, the polynomial exp, the per-lane sum of weights, the weighted sums in key
-order). The kernel picks a clone per CPU (AVX-512, AVX2, portable) and a vector width per part;
-this test computes the stated arithmetic with numpy's float32 operations (each one IEEE-rounded,
-as the C++ is with -ffp-contract=off) and requires equality, so whichever clone this CPU runs
-computes the definition, not an approximation of it. Head sizes cover the 16-wide, 8-wide and
-one-lane parts of the weighted sum.
+fused.cpp states what one query's output is (the order of every float32 operation: the fused
+multiply-adds of the score lanes, their tree, the polynomial exp, the per-lane sum of weights, the
+fused multiply-adds of the weighted sums in key order). The kernel runs one of three compilations
+(AVX-512 with two queries a register, AVX2 + FMA, or std::fma lane by lane; the kernels' ISA set to
+"avx2" or "scalar" caps it, which is how each is tested on a CPU that has the others);
+this test computes the stated arithmetic with numpy's float32 operations (each one IEEE-rounded, as
+the C++ is with -ffp-contract=off) and requires equality from both, so the kernel computes the
+definition, not an approximation of it. Head sizes cover the 8-wide and one-lane parts of the
+weighted sum.
 """
 
 from __future__ import annotations
@@ -20,6 +22,13 @@ from mlxcel.engine.platform import qmatmul
 pytestmark = pytest.mark.skipif(not qmatmul.available(), reason="the CPU kernels are not built here")
 
 f32 = np.float32
+
+
+def fma(a, b, c) -> np.ndarray:
+    """a * b + c rounded once to float32. The float32 product is exact in float64; the float64 sum
+    is rounded once more, which changes the float32 result only when it lands exactly halfway
+    between two float32 values (about one sum in 2^29), and then this test fails rather than passes."""
+    return (np.float64(a) * np.float64(b) + np.float64(c)).astype(f32)
 
 
 def exp_poly(x: np.ndarray) -> np.ndarray:
@@ -44,7 +53,7 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float) ->
     kp[:, :d] = keys
     lanes = np.zeros((keys.shape[0], 8), f32)
     for c in range(0, d8, 8):
-        lanes = lanes + qs[c:c + 8] * kp[:, c:c + 8]
+        lanes = fma(qs[c:c + 8], kp[:, c:c + 8], lanes)
     p = lanes.T
     score = ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]))
     e = exp_poly(score - score.max())
@@ -56,15 +65,26 @@ def attend(q: np.ndarray, keys: np.ndarray, values: np.ndarray, scale: float) ->
     inv = f32(1.0) / (((s[0] + s[4]) + (s[2] + s[6])) + ((s[1] + s[5]) + (s[3] + s[7])))
     acc = np.zeros(d, f32)
     for j in range(len(e)):
-        acc = acc + e[j] * values[j]
+        acc = fma(e[j], values[j], acc)
     return acc * inv
 
 
 @pytest.mark.parametrize("d", [64, 80, 72, 20])
 @pytest.mark.parametrize("heads", [(4, 2, 37, 5), (6, 2, 70, 30)], ids=["few-queries", "key-head-groups"])
-def test_attention_is_its_stated_arithmetic(d, heads):
+@pytest.mark.parametrize("isa", ["auto", "avx2", "scalar"])
+def test_attention_is_its_stated_arithmetic(d, heads, isa):
     """The second shape has enough queries that every query head of a key head is computed in one
     group (the keys read once for all of them), its queries' key counts spanning several blocks."""
+    ext = qmatmul.extension()
+    before = ext.isa()
+    ext.set_isa(isa)
+    try:
+        check_stated_arithmetic(d, heads)
+    finally:
+        ext.set_isa(before)
+
+
+def check_stated_arithmetic(d, heads):
     rng = np.random.default_rng(d)
     hq, hk, s, length = heads
     q = rng.standard_normal((1, hq, length, d)).astype(f32)
