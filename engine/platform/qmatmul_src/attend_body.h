@@ -2,91 +2,9 @@
 // namespace, after that namespace defines fma8(a, b, c): a * b + c per lane with one rounding.
 // Every inclusion computes the same operations in the same order, so the same bits.
 
-// NV vectors of the weighted sum (features d0 .. d0 + 8 NV) over keys 0 .. n-1: acc = sum of e_j * v_j.
-template <int NV>
-MLXCEL_INLINE void weighted_sum(const float* e, int n, const View4& vv, int b, int hk, int d0, float inv,
-                                       float* o) {
-  vf8 acc[NV];
-  for (int t = 0; t < NV; ++t) acc[t] = vf8{};
-  for (int j = 0; j < n; ++j) {
-    const float* vr = vv.row(b, hk, j) + d0;
-    const vf8 ej = vf8{} + e[j];
-#pragma GCC unroll 8
-    for (int t = 0; t < NV; ++t) acc[t] = fma8(ej, load8(vr + 8 * t), acc[t]);
-  }
-  for (int t = 0; t < NV; ++t) store8(o + d0 + 8 * t, acc[t] * inv);
-}
-
-// One query against keys 0 .. n-1 (n >= 1) of head (b, hk) into o[D]. qs: the query times the
-// scale, D8 = D rounded up to 8 floats, zero-padded; sc: room for n + 8 floats; kpad: room for 8
-// padded key rows (8 * D8 floats), used when a key row is strided or D is not a multiple of 8.
-void attend(const float* qs, const View4& kv, const View4& vv, int b, int hk, int n, int D,
-                          float* sc, float* kpad, float* o) {
-  const int D8 = (D + 7) & ~7;
-  const bool krows = kv.s3 == 1 && D == D8;
-  for (int j0 = 0; j0 < n; j0 += 8) {
-    const float* kr[8];
-    for (int t = 0; t < 8; ++t) {
-      kr[t] = kv.row(b, hk, std::min(j0 + t, n - 1));
-      if (!krows) {
-        float* r = kpad + t * D8;
-        for (int d = 0; d < D; ++d) r[d] = kr[t][d * kv.s3];
-        for (int d = D; d < D8; ++d) r[d] = 0.f;
-        kr[t] = r;
-      }
-    }
-    vf8 a0{}, a1{}, a2{}, a3{}, a4{}, a5{}, a6{}, a7{};
-    for (int c = 0; c < D8; c += 8) {
-      const vf8 qv = load8(qs + c);
-      a0 = fma8(qv, load8(kr[0] + c), a0);
-      a1 = fma8(qv, load8(kr[1] + c), a1);
-      a2 = fma8(qv, load8(kr[2] + c), a2);
-      a3 = fma8(qv, load8(kr[3] + c), a3);
-      a4 = fma8(qv, load8(kr[4] + c), a4);
-      a5 = fma8(qv, load8(kr[5] + c), a5);
-      a6 = fma8(qv, load8(kr[6] + c), a6);
-      a7 = fma8(qv, load8(kr[7] + c), a7);
-    }
-    store8(sc + j0, reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
-  }
-  const int n8 = (n + 7) & ~7;  // sc[n .. n8) repeat score n-1: the max is unchanged
-  vf8 m = load8(sc);
-  for (int j = 8; j < n8; j += 8) {
-    const vf8 x = load8(sc + j);
-    m = m > x ? m : x;
-  }
-  float mx_ = m[0];
-  for (int t = 1; t < 8; ++t) mx_ = std::max(mx_, m[t]);
-  for (int j = 0; j < n; ++j) sc[j] = exp_poly(sc[j] - mx_);
-  for (int j = n; j < n8; ++j) sc[j] = 0.f;
-  vf8 s{};
-  for (int j = 0; j < n8; j += 8) s += load8(sc + j);
-  const float inv = 1.f / tree8(s);
-  if (vv.s3 == 1) {
-    int d0 = 0;
-    for (; d0 + 64 <= (D & ~7); d0 += 64) weighted_sum<8>(sc, n, vv, b, hk, d0, inv, o);
-    switch (((D & ~7) - d0) / 8) {
-      case 7: weighted_sum<7>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 6: weighted_sum<6>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 5: weighted_sum<5>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 4: weighted_sum<4>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 3: weighted_sum<3>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 2: weighted_sum<2>(sc, n, vv, b, hk, d0, inv, o); break;
-      case 1: weighted_sum<1>(sc, n, vv, b, hk, d0, inv, o); break;
-      default: break;
-    }
-  }
-  // features a vector does not cover (all of them for a strided v): the same sums one lane at a time
-  for (int d = vv.s3 == 1 ? (D & ~7) : 0; d < D; ++d) {
-    float acc = 0.f;
-    for (int j = 0; j < n; ++j) acc = std::fma(sc[j], vv.row(b, hk, j)[d * vv.s3], acc);
-    o[d] = acc * inv;
-  }
-}
-
 // The weighted sum over keys j0 .. j1-1 of NV vectors (features d0 .. d0 + 8 NV) added to o, which
-// holds the sum over keys 0 .. j0-1 (nothing read when j0 is 0): weighted_sum's operations in its
-// order, the accumulators passing through memory between blocks as float32, so the same bits.
+// holds the sum over keys 0 .. j0-1 (nothing read when j0 is 0): the sum in key order, one fused
+// multiply-add a key, the accumulators passing through memory between blocks as float32 (no rounding).
 template <int NV>
 MLXCEL_INLINE void weighted_block(const float* e, int j0, int j1, const View4& vv, int b, int hk, int d0,
                                          float* o) {
@@ -134,6 +52,57 @@ MLXCEL_INLINE void score8(const float* qs, const float* const* kr, int D, float*
   store8(s, reduce8(a0, a1, a2, a3, a4, a5, a6, a7));
 }
 
+// Scores s[0 .. n) (s[n .. n rounded up to 8) holding copies of score n-1) into the weights
+// e_j = exp_poly(s_j - max) in place, zeros after n; returns 1 / (their 8-lane tree sum).
+MLXCEL_INLINE float softmax8(float* s, int n) {
+  const int n8 = (n + 7) & ~7;
+  vf8 m = load8(s);
+  for (int j = 8; j < n8; j += 8) {
+    const vf8 x = load8(s + j);
+    m = m > x ? m : x;
+  }
+  float mx_ = m[0];
+  for (int t = 1; t < 8; ++t) mx_ = std::max(mx_, m[t]);
+  for (int j = 0; j < n; ++j) s[j] = exp_poly(s[j] - mx_);
+  for (int j = n; j < n8; ++j) s[j] = 0.f;
+  vf8 sum{};
+  for (int j = 0; j < n8; j += 8) sum += load8(s + j);
+  return 1.f / tree8(sum);
+}
+
+// One query against keys 0 .. n-1 (n >= 1) of head (b, hk) into o[D]. qs: the query times the
+// scale, D8 = D rounded up to 8 floats, zero-padded; sc: room for n + 8 floats; kpad: room for 8
+// padded key rows (8 * D8 floats), used when a key row is strided or D is not a multiple of 8.
+void attend(const float* qs, const View4& kv, const View4& vv, int b, int hk, int n, int D,
+                          float* sc, float* kpad, float* o) {
+  const int D8 = (D + 7) & ~7;
+  const bool krows = kv.s3 == 1 && D == D8;
+  for (int j0 = 0; j0 < n; j0 += 8) {
+    const float* kr[8];
+    for (int t = 0; t < 8; ++t) {
+      kr[t] = kv.row(b, hk, std::min(j0 + t, n - 1));
+      if (!krows) {
+        float* r = kpad + t * D8;
+        for (int d = 0; d < D; ++d) r[d] = kr[t][d * kv.s3];
+        for (int d = D; d < D8; ++d) r[d] = 0.f;
+        kr[t] = r;
+      }
+    }
+    score8(qs, kr, D8, sc + j0);
+  }
+  const float inv = softmax8(sc, n);  // sc[n .. n8) repeat score n-1: the max is unchanged
+  if (vv.s3 == 1) {
+    weighted_range(sc, 0, n, vv, b, hk, D & ~7, o);
+    for (int d = 0; d < (D & ~7); d += 8) store8(o + d, load8(o + d) * inv);
+  }
+  // features a vector does not cover (all of them for a strided v): the same sums one lane at a time
+  for (int d = vv.s3 == 1 ? (D & ~7) : 0; d < D; ++d) {
+    float acc = 0.f;
+    for (int j = 0; j < n; ++j) acc = std::fma(sc[j], vv.row(b, hk, j)[d * vv.s3], acc);
+    o[d] = acc * inv;
+  }
+}
+
 // Queries q[0 .. nq) against head (b, hk), each computed with exactly `attend`'s operations in
 // `attend`'s order (so the same bits), but with the keys and values read from memory once for the
 // group rather than once per query: every query scores a group of 8 keys while those rows sit in
@@ -165,20 +134,9 @@ void attend_many(const QueryRef* q, int nq, const View4& kv, const View4& vv, in
   }
   for (int i = 0; i < nq; ++i) {  // attend's softmax, query by query
     float* s = sc + size_t(i) * ld;
-    const int n = q[i].n, n8 = (n + 7) & ~7;
-    for (int j = n; j < n8; ++j) s[j] = s[n - 1];
-    vf8 m = load8(s);
-    for (int j = 8; j < n8; j += 8) {
-      const vf8 x = load8(s + j);
-      m = m > x ? m : x;
-    }
-    float mx_ = m[0];
-    for (int t = 1; t < 8; ++t) mx_ = std::max(mx_, m[t]);
-    for (int j = 0; j < n; ++j) s[j] = exp_poly(s[j] - mx_);
-    for (int j = n; j < n8; ++j) s[j] = 0.f;
-    vf8 sum{};
-    for (int j = 0; j < n8; j += 8) sum += load8(s + j);
-    inv[i] = 1.f / tree8(sum);
+    const int n = q[i].n;
+    for (int j = n; j < ((n + 7) & ~7); ++j) s[j] = s[n - 1];
+    inv[i] = softmax8(s, n);
   }
   for (int j0 = 0; j0 < nmax; j0 += kValueBlock) {
     for (int i = 0; i < nq; ++i) {
