@@ -353,15 +353,18 @@ struct AttendScratch {
   }
   // the query row (stride s3) times the scale into qs (zero-padded to 8)
   const float* query(const float* qr, int64_t s3, int d, float scale) {
-    for (int i = 0; i < d; ++i) qs[i] = qr[i * s3] * scale;
+    scaled(qs.data(), qr, s3, d, scale);
     for (int i = d; i < ((d + 7) & ~7); ++i) qs[i] = 0.f;
     return qs.data();
   }
   // the group's next query: its row times the scale into its own slot of qs
   void add(const float* qr, int64_t s3, int d, float scale, int n, float* o) {
     float* dst = qs.data() + refs.size() * size_t(d);
-    for (int i = 0; i < d; ++i) dst[i] = qr[i * s3] * scale;
+    scaled(dst, qr, s3, d, scale);
     refs.push_back({dst, n, o});
+  }
+  static void scaled(float* dst, const float* qr, int64_t s3, int d, float scale) {
+    for (int i = 0; i < d; ++i) dst[i] = qr[i * s3] * scale;
   }
 };
 
