@@ -17,6 +17,8 @@ Arms (each at every ``--threads`` count T):
 
 * ``mlxcel-no-ahead``: the same server with ``MLXCEL_RUN_AHEAD=0`` (no pipelined decode steps:
   every step's tokens read back before the next step is built, ``server/runtime/run_ahead.py``).
+* ``mlxcel-layer-ops``: the same server with ``MLXCEL_FUSED_LAYER=0`` (each decoder layer of the
+  ragged step as its separate primitives, not the two layer primitives of ``qmatmul_src/layer.h``).
 * ``mlxcel-base``: the same server from another source tree (``--base-tree DIR``, e.g. main's:
   ``git -C <main> archive HEAD | tar -x -C DIR``, with the built extension copied into
   ``DIR/engine/platform``), imported ahead of this checkout's: a before / after in one run.
@@ -243,12 +245,15 @@ def main() -> None:
                     cmd = [str(llama), "-m", model, "-t", str(t), "-tb", str(t), "-np", np_, "-c", str(2048 * args.clients),
                            "--host", "127.0.0.1", "--port", port]
                     arms.append(Server(name, cmd, env, log))
-                elif kind in ("mlxcel", "mlxcel-no-sgemv", "mlxcel-f32", "mlxcel-no-ahead", "mlxcel-base"):
+                elif kind in ("mlxcel", "mlxcel-no-sgemv", "mlxcel-f32", "mlxcel-no-ahead", "mlxcel-layer-ops",
+                              "mlxcel-base"):
                     cmd = [sys.executable, "-m", "mlxcel.server.cli", "-m", model, "-np", str(args.clients),
                            "-c", str(2048 * args.clients), "-t", str(t), "--host", "127.0.0.1", "--port", port]
                     env = child_env(t, kind != "mlxcel-no-sgemv", "float32" if kind == "mlxcel-f32" else None)
                     if kind == "mlxcel-no-ahead":
                         env["MLXCEL_RUN_AHEAD"] = "0"
+                    if kind == "mlxcel-layer-ops":
+                        env["MLXCEL_FUSED_LAYER"] = "0"
                     if kind == "mlxcel-base":
                         if not args.base_tree:
                             raise SystemExit("the mlxcel-base arm needs --base-tree")

@@ -39,6 +39,7 @@ one iteration forwards can be logged, counted and sent elsewhere (another rank) 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -474,6 +475,8 @@ def _lean_layer(plan: BlockPlan, h: mx.array, c: RaggedKVCache, n: int, rows_idx
     op for op what its modules run there (norm, the q/k/v product, per-token rope, the cache write,
     the ragged attention, o, residual, norm, gate/up, SwiGLU, down, residual), without the module calls."""
     ext = plan.ext
+    if FUSED_LAYER and hasattr(ext, "cache_write"):
+        return _fused_layer(plan, h, c, rows_idx, pos_idx)
     q, k, v = qkv_products(plan, h)
     q = ext.rope_positions(q.reshape(n, plan.n_heads, -1), pos_idx, *plan.rope)
     k = ext.rope_positions(k.reshape(n, plan.n_kv_heads, -1), pos_idx, *plan.rope)
@@ -481,3 +484,25 @@ def _lean_layer(plan: BlockPlan, h: mx.array, c: RaggedKVCache, n: int, rows_idx
     keys, values = c.head_major()
     a = ext.ragged_attention(q, keys, values, rows_idx, pos_idx, plan.scale)
     return output_and_mlp(plan, h, a.reshape(1, n, -1))
+
+
+# ``MLXCEL_FUSED_LAYER=0``: the ragged forward's planned layers run their separate primitives
+# (the comparison the tests and benchmarks make) instead of the two layer primitives.
+FUSED_LAYER = os.environ.get("MLXCEL_FUSED_LAYER", "1").lower() not in ("0", "false", "no", "off")
+
+
+def _fused_layer(plan: BlockPlan, h: mx.array, c: RaggedKVCache, rows_idx: mx.array, pos_idx: mx.array) -> mx.array:
+    """:func:`_lean_layer` as the extension's two layer primitives around the cache write
+    and its cache write (``qmatmul_src/layer.h``): four primitives a layer instead of about twenty,
+    the same row code in the same order, so the same bits."""
+    ext = plan.ext
+    q, k, v = ext.layer_in(h, plan.norm1, plan.eps1, *plan.qkv[:4], list(plan.qkv_bias or ()), pos_idx,
+                           plan.n_heads, plan.n_kv_heads, *plan.rope)
+    if c.keys is None:
+        c._allocate(plan.n_kv_heads, k.shape[2], k.dtype, c._need())
+    c.keys, c.values = ext.cache_write(c.keys, c.values, rows_idx, pos_idx, k, v)
+    o, down, gate_up = plan.o, plan.down, plan.gate_up
+    return ext.layer_out(h, q, c.keys, c.values, rows_idx, pos_idx, plan.scale, o[0], o[1], o[2],
+                         [] if plan.o_bias is None else [plan.o_bias], plan.norm2, plan.eps2, gate_up[0], gate_up[1],
+                         gate_up[2], gate_up[3][0], down[0], down[1], down[2],
+                         [] if plan.down_bias is None else [plan.down_bias])

@@ -10,6 +10,7 @@
 #include "mlx/version.h"
 #include "fkernel.h"
 #include "fused.h"
+#include "layer.h"
 #include "ops.h"
 #include "repack.h"
 
@@ -91,6 +92,15 @@ NB_MODULE(_qmatmul, m) {
   m.def("rms_norm", &mlxcel_q::rms_norm, "x"_a, "weight"_a, "eps"_a);
   m.def("rope", &mlxcel_q::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a, "offset"_a);
   m.def("attention", &mlxcel_q::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a);
+  m.def("layer_in", &mlxcel_q::layer_in, "h"_a, "norm"_a, "eps"_a, "packed"_a, "types"_a, "groups"_a, "ns"_a,
+        "biases"_a, "positions"_a, "n_heads"_a, "n_kv_heads"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a,
+        "a ragged decoder layer's norm, q/k/v products (+ biases) and rope: [q, k, v] (layer.h)");
+  m.def("cache_write", &mlxcel_q::cache_write, "keys"_a, "values"_a, "rows"_a, "positions"_a, "k"_a, "v"_a,
+        "[keys, values] with entry j of k/v at place rows[j], position positions[j] (layer.h)");
+  m.def("layer_out", &mlxcel_q::layer_out, "h"_a, "q"_a, "keys"_a, "values"_a, "rows"_a, "positions"_a,
+        "attn_scale"_a, "o_packed"_a, "o_type"_a, "o_group"_a, "o_bias"_a, "norm2"_a, "eps2"_a, "gate_up"_a,
+        "gu_types"_a, "gu_groups"_a, "ffn"_a, "down_packed"_a, "down_type"_a, "down_group"_a, "down_bias"_a,
+        "a ragged decoder layer's attention over the cache, o, residual, MLP and residual (layer.h)");
   m.def("ragged_attention", &mlxcel_q::ragged_attention, "q"_a, "k"_a, "v"_a, "rows"_a, "positions"_a, "scale"_a);
   m.def("rope_positions", &mlxcel_q::rope_positions, "x"_a, "positions"_a, "dims"_a, "traditional"_a, "base"_a,
         "scale"_a);

@@ -14,6 +14,7 @@
 #include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "ops.h"
+#include "rows.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define MLXCEL_CLONES __attribute__((target_clones("avx2", "default")))
@@ -55,16 +56,56 @@ static inline float exp_poly(float x) {
   return p * std::bit_cast<float>((int32_t(k) + 127) << 23);
 }
 
-struct View4 {  // a strided [b, h, l, d] float array
-  const float* p;
-  int64_t s0, s1, s2, s3;
-  const float* row(int b, int h, int l) const { return p + b * s0 + h * s1 + l * s2; }
-};
-
 View4 view4(const mx::array& a) {
   auto st = a.strides();
   return {a.data<float>(), st[0], st[1], st[2], st[3]};
 }
+
+}  // namespace
+
+// ----------------------------------------------------------------------------- row code (rows.h)
+
+void rms_norm_rows(const float* x, const float* w, float* o, int d, int rows, float eps) {
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + size_t(r) * d;
+    float ms = dot(xr, xr, d) / float(d);
+    float inv = 1.f / std::sqrt(ms + eps);
+    float* orow = o + size_t(r) * d;
+    for (int i = 0; i < d; ++i) orow[i] = (xr[i] * inv) * w[i];
+  }
+}
+
+// silu(g) * x with the exp above.
+MLXCEL_CLONES void silu_times(const float* g, const float* x, float* o, size_t n) {
+  for (size_t i = 0; i < n; ++i) o[i] = (g[i] * (1.0f / (1.0f + exp_poly(-g[i])))) * x[i];
+}
+
+void rope_positions_rows(const float* xp, int64_t s0, int64_t s1, int64_t s2, const int32_t* pos, float* op, int N,
+                         int H, int D, int dims, bool trad, float base, float scale) {
+  const int half = dims / 2;
+  std::vector<float> cs(size_t(half) * 2);
+  for (int n = 0; n < N; ++n) {
+    for (int i = 0; i < half; ++i) {
+      float inv = std::pow(base, -float(2 * i) / float(dims));
+      float theta = float(pos[n]) * scale * inv;
+      cs[size_t(i) * 2] = std::cos(theta);
+      cs[size_t(i) * 2 + 1] = std::sin(theta);
+    }
+    for (int h = 0; h < H; ++h) {
+      const float* xr = xp + n * s0 + h * s1;
+      float* o = op + (size_t(n) * H + h) * D;
+      for (int i = 0; i < half; ++i) {
+        int i1 = trad ? 2 * i : i, i2 = trad ? 2 * i + 1 : i + half;
+        float x1 = xr[i1 * s2], x2 = xr[i2 * s2];
+        o[i1] = x1 * cs[2 * i] - x2 * cs[2 * i + 1];
+        o[i2] = x1 * cs[2 * i + 1] + x2 * cs[2 * i];
+      }
+      for (int i = dims; i < D; ++i) o[i] = xr[i * s2];
+    }
+  }
+}
+
+namespace {
 
 class RMSNormP : public mx::UnaryPrimitive {
  public:
@@ -89,10 +130,7 @@ class RMSNormP : public mx::UnaryPrimitive {
           for (int i = 0; i < d; ++i) row[i] = xp[mx::elem_to_loc(r * d + i, shape, strides)];
           xr = row.data();
         }
-        float ms = dot(xr, xr, d) / float(d);
-        float inv = 1.f / std::sqrt(ms + eps);
-        float* o = op + size_t(r) * d;
-        for (int i = 0; i < d; ++i) o[i] = (xr[i] * inv) * wp[i];
+        rms_norm_rows(xr, wp, op + size_t(r) * d, d, 1, eps);
       }
     });
   }
@@ -486,49 +524,7 @@ class RaggedAttentionP : public mx::UnaryPrimitive {
                   rows = in[3].data<int32_t>(), pos = in[4].data<int32_t>(), op = out.data<float>(), N = q.shape(0),
                   Hq = q.shape(1), D = q.shape(2), B = k.shape(0), Hk = k.shape(1), S = k.shape(2),
                   scale = scale_]() {
-      const int group = Hq / Hk;
-      const int level = attend_level();
-      size_t keys = 0;
-      for (int i = 0; i < N; ++i) keys += size_t(std::min(std::max(pos[i] + 1, 1), S));
-      // the caller checks rows and positions; here they are only kept inside the arrays
-      auto row_of = [&](int i) { return std::min(std::max(rows[i], 0), B - 1); };
-      auto keys_of = [&](int i) { return std::min(std::max(pos[i] + 1, 1), S); };
-      if (groupable(kv, vv, D)) {
-        // Runs of consecutive queries of one row (a verify block, a prompt chunk, a decode row),
-        // at most kGroupQueries / group long; units (run, key head, heads of it), heads fastest.
-        const int chunk = std::max(1, kGroupQueries / group);
-        std::vector<int> starts;
-        for (int i = 0; i < N; ++i)
-          if (starts.empty() || row_of(i) != row_of(i - 1) || i - starts.back() >= chunk) starts.push_back(i);
-        const int runs = int(starts.size());
-        starts.push_back(N);
-        const int hg = runs * Hk >= kMinGroupUnits ? group : 1;
-        const int subs = group / hg;
-        parallel_for(runs * Hk * subs, keys * Hq * D * 2, [&](int u0, int u1) {
-          AttendScratch& scr = attend_scratch();
-          for (int u = u0; u < u1; ++u) {
-            const int sub = u % subs, hk = (u / subs) % Hk, r = u / subs / Hk;
-            const int i0 = starts[r], i1 = starts[r + 1];
-            const int ld = scr.fit_group(hg * (i1 - i0), S, D);
-            for (int h = hk * group + sub * hg; h < hk * group + (sub + 1) * hg; ++h)
-              for (int i = i0; i < i1; ++i)
-                scr.add(qp + i * qs0 + h * qs1, qs2, D, scale, keys_of(i), op + (size_t(i) * Hq + h) * D);
-            attend_many(scr.refs.data(), int(scr.refs.size()), kv, vv, row_of(i0), hk, D, scr.sc.data(), ld,
-                        scr.inv.data(), level);
-          }
-        });
-        return;
-      }
-      // units (query, head), head fastest
-      parallel_for(N * Hq, keys * Hq * D * 2, [&](int u0, int u1) {
-        AttendScratch& scr = attend_scratch();
-        scr.fit(S, D);
-        for (int u = u0; u < u1; ++u) {
-          const int i = u / Hq, h = u % Hq;
-          attend(scr.query(qp + i * qs0 + h * qs1, qs2, D, scale), kv, vv, row_of(i), h / group, keys_of(i), D,
-                 scr.sc.data(), scr.kpad.data(), op + (size_t(i) * Hq + h) * D, level);
-        }
-      });
+      ragged_attention_rows(qp, qs0, qs1, qs2, kv, vv, rows, pos, op, N, Hq, D, B, Hk, S, scale);
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }
@@ -558,27 +554,7 @@ class RopePositionsP : public mx::UnaryPrimitive {
     enc.dispatch([xp = x.data<float>(), s0 = st[0], s1 = st[1], s2 = st[2], pos = in[1].data<int32_t>(),
                   op = out.data<float>(), N = x.shape(0), H = x.shape(1), D = x.shape(2), dims = dims_, trad = trad_,
                   base = base_, scale = scale_]() {
-      const int half = dims / 2;
-      std::vector<float> cs(size_t(half) * 2);
-      for (int n = 0; n < N; ++n) {
-        for (int i = 0; i < half; ++i) {
-          float inv = std::pow(base, -float(2 * i) / float(dims));
-          float theta = float(pos[n]) * scale * inv;
-          cs[size_t(i) * 2] = std::cos(theta);
-          cs[size_t(i) * 2 + 1] = std::sin(theta);
-        }
-        for (int h = 0; h < H; ++h) {
-          const float* xr = xp + n * s0 + h * s1;
-          float* o = op + (size_t(n) * H + h) * D;
-          for (int i = 0; i < half; ++i) {
-            int i1 = trad ? 2 * i : i, i2 = trad ? 2 * i + 1 : i + half;
-            float x1 = xr[i1 * s2], x2 = xr[i2 * s2];
-            o[i1] = x1 * cs[2 * i] - x2 * cs[2 * i + 1];
-            o[i2] = x1 * cs[2 * i + 1] + x2 * cs[2 * i];
-          }
-          for (int i = dims; i < D; ++i) o[i] = xr[i * s2];
-        }
-      }
+      rope_positions_rows(xp, s0, s1, s2, pos, op, N, H, D, dims, trad, base, scale);
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }
@@ -596,10 +572,6 @@ class RopePositionsP : public mx::UnaryPrimitive {
 };
 
 
-// silu(g) * x with the exp above.
-MLXCEL_CLONES void silu_times(const float* g, const float* x, float* o, size_t n) {
-  for (size_t i = 0; i < n; ++i) o[i] = (g[i] * (1.0f / (1.0f + exp_poly(-g[i])))) * x[i];
-}
 
 class SwiGLUP : public mx::UnaryPrimitive {
  public:
@@ -631,6 +603,58 @@ class SwiGLUP : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive&) const override { return true; }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& in) override { return {in[0].shape()}; }
 };
+
+}  // namespace
+
+void ragged_attention_rows(const float* qp, int64_t qs0, int64_t qs1, int64_t qs2, const View4& kv, const View4& vv,
+                           const int32_t* rows, const int32_t* pos, float* op, int N, int Hq, int D, int B, int Hk,
+                           int S, float scale) {
+  const int group = Hq / Hk;
+  const int level = attend_level();
+  size_t keys = 0;
+  for (int i = 0; i < N; ++i) keys += size_t(std::min(std::max(pos[i] + 1, 1), S));
+  // the caller checks rows and positions; here they are only kept inside the arrays
+  auto row_of = [&](int i) { return std::min(std::max(rows[i], 0), B - 1); };
+  auto keys_of = [&](int i) { return std::min(std::max(pos[i] + 1, 1), S); };
+  if (groupable(kv, vv, D)) {
+    // Runs of consecutive queries of one row (a verify block, a prompt chunk, a decode row),
+    // at most kGroupQueries / group long; units (run, key head, heads of it), heads fastest.
+    const int chunk = std::max(1, kGroupQueries / group);
+    std::vector<int> starts;
+    for (int i = 0; i < N; ++i)
+      if (starts.empty() || row_of(i) != row_of(i - 1) || i - starts.back() >= chunk) starts.push_back(i);
+    const int runs = int(starts.size());
+    starts.push_back(N);
+    const int hg = runs * Hk >= kMinGroupUnits ? group : 1;
+    const int subs = group / hg;
+    parallel_for(runs * Hk * subs, keys * Hq * D * 2, [&](int u0, int u1) {
+      AttendScratch& scr = attend_scratch();
+      for (int u = u0; u < u1; ++u) {
+        const int sub = u % subs, hk = (u / subs) % Hk, r = u / subs / Hk;
+        const int i0 = starts[r], i1 = starts[r + 1];
+        const int ld = scr.fit_group(hg * (i1 - i0), S, D);
+        for (int h = hk * group + sub * hg; h < hk * group + (sub + 1) * hg; ++h)
+          for (int i = i0; i < i1; ++i)
+            scr.add(qp + i * qs0 + h * qs1, qs2, D, scale, keys_of(i), op + (size_t(i) * Hq + h) * D);
+        attend_many(scr.refs.data(), int(scr.refs.size()), kv, vv, row_of(i0), hk, D, scr.sc.data(), ld,
+                    scr.inv.data(), level);
+      }
+    });
+    return;
+  }
+  // units (query, head), head fastest
+  parallel_for(N * Hq, keys * Hq * D * 2, [&](int u0, int u1) {
+    AttendScratch& scr = attend_scratch();
+    scr.fit(S, D);
+    for (int u = u0; u < u1; ++u) {
+      const int i = u / Hq, h = u % Hq;
+      attend(scr.query(qp + i * qs0 + h * qs1, qs2, D, scale), kv, vv, row_of(i), h / group, keys_of(i), D,
+             scr.sc.data(), scr.kpad.data(), op + (size_t(i) * Hq + h) * D, level);
+    }
+  });
+}
+
+namespace {
 
 mx::Stream cpu() { return mx::default_stream(mx::Device::cpu); }
 

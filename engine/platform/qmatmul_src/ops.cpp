@@ -395,6 +395,8 @@ static const float* float_input(const float* xp, int m, int k, bool strided, con
   return gathered.data();
 }
 
+}  // namespace
+
 void check_packed(const mx::array& packed, int type, int group, int n, int k) {
   Layout l = layout_of(type, group);
   if (k % l.group) throw std::invalid_argument("k is not a multiple of the packed type's block");
@@ -402,7 +404,6 @@ void check_packed(const mx::array& packed, int type, int group, int n, int k) {
     throw std::invalid_argument("packed weight has the wrong size for its type and shape");
 }
 
-}  // namespace
 
 // ----------------------------------------------------------------------------- configuration
 std::vector<size_t> set_thread_split(size_t grain_macs, size_t wake_macs) {
@@ -573,6 +574,44 @@ std::vector<mx::Shape> QMatmul::output_shapes(const std::vector<mx::array>& inpu
   return {shape};
 }
 
+// x's m rows times each packed W_i into ops[i] (QMatmulMulti's evaluation; ops.h).
+void products_into(const float* xp, int m, int k, bool strided, const mx::Shape& shape, const mx::Strides& strides,
+                   const std::vector<const uint8_t*>& wps, const std::vector<int>& types,
+                   const std::vector<int>& groups, const std::vector<int>& ns, const std::vector<float*>& ops) {
+  const size_t count = ns.size();
+  // float32 members read x as it is; x is quantized only when some member is quantized
+  const bool any_q = std::any_of(types.begin(), types.end(), [](int t) { return t != F32; });
+  const bool any_f = std::any_of(types.begin(), types.end(), [](int t) { return t == F32; });
+  XQuant xq = any_q ? quantized_input(xp, m, k, strided, shape, strides) : XQuant{};
+  ChunkedRows shared;  // the pieces' one re-laid copy of the rows (layout.h), when split
+  xq.shared = &shared;
+  const float* xf = any_f ? float_input(xp, m, k, strided, shape, strides) : nullptr;
+  FloatKernel fk = g_fkernel;
+  // The matrices' tiles numbered one after another; each thread takes one contiguous range.
+  std::vector<int> first(count + 1, 0);
+  size_t work = 0;
+  for (size_t i = 0; i < count; ++i) {
+    first[i + 1] = first[i] + n_tiles(ns[i]);
+    work += size_t(m) * ns[i] * k;
+  }
+  const int tiles = first[count];
+  Kernel kern = g_kernel;
+  auto span = [&](int t0, int t1) {
+    for (size_t i = 0; i < count; ++i) {
+      const int a = std::max(t0, first[i]) - first[i], b = std::min(t1, first[i + 1]) - first[i];
+      if (a < b && types[i] == F32) fk(reinterpret_cast<const float*>(wps[i]), ns[i], k, xf, m, ops[i], a, b);
+      else if (a < b) kern(layout_of(types[i], groups[i]), wps[i], ns[i], k, xq, m, ops[i], a, b);
+    }
+  };
+  Pool& p = pool();
+  const int parts = std::min(p.threads(), tiles);
+  if (parts <= 1) {
+    span(0, tiles);
+    return;
+  }
+  p.run(tiles, work, span);
+}
+
 void QMatmulMulti::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const auto& x = inputs[0];
   auto& enc = mx::cpu::get_command_encoder(stream());
@@ -591,38 +630,7 @@ void QMatmulMulti::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
   const bool strided = !x.flags().row_contiguous;
   enc.dispatch([xp = x.data<float>(), wps = std::move(wps), ops = std::move(ops), m, types = types_,
                 groups = groups_, ns = ns_, k = k_, strided, shape = x.shape(), strides = x.strides()]() {
-    const size_t count = ns.size();
-    // float32 members read x as it is; x is quantized only when some member is quantized
-    const bool any_q = std::any_of(types.begin(), types.end(), [](int t) { return t != F32; });
-    const bool any_f = std::any_of(types.begin(), types.end(), [](int t) { return t == F32; });
-    XQuant xq = any_q ? quantized_input(xp, m, k, strided, shape, strides) : XQuant{};
-    ChunkedRows shared;  // the pieces' one re-laid copy of the rows (layout.h), when split
-    xq.shared = &shared;
-    const float* xf = any_f ? float_input(xp, m, k, strided, shape, strides) : nullptr;
-    FloatKernel fk = g_fkernel;
-    // The matrices' tiles numbered one after another; each thread takes one contiguous range.
-    std::vector<int> first(count + 1, 0);
-    size_t work = 0;
-    for (size_t i = 0; i < count; ++i) {
-      first[i + 1] = first[i] + n_tiles(ns[i]);
-      work += size_t(m) * ns[i] * k;
-    }
-    const int tiles = first[count];
-    Kernel kern = g_kernel;
-    auto span = [&](int t0, int t1) {
-      for (size_t i = 0; i < count; ++i) {
-        const int a = std::max(t0, first[i]) - first[i], b = std::min(t1, first[i + 1]) - first[i];
-        if (a < b && types[i] == F32) fk(reinterpret_cast<const float*>(wps[i]), ns[i], k, xf, m, ops[i], a, b);
-        else if (a < b) kern(layout_of(types[i], groups[i]), wps[i], ns[i], k, xq, m, ops[i], a, b);
-      }
-    };
-    Pool& p = pool();
-    const int parts = std::min(p.threads(), tiles);
-    if (parts <= 1) {
-      span(0, tiles);
-      return;
-    }
-    p.run(tiles, work, span);
+    products_into(xp, m, k, strided, shape, strides, wps, types, groups, ns, ops);
   });
 }
 

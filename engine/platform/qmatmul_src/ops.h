@@ -2,7 +2,9 @@
 #pragma once
 
 #include <functional>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
@@ -20,6 +22,16 @@ std::vector<mx::array> qmatmul_multi(const mx::array& x, const std::vector<mx::a
                                      const std::vector<int>& ns, int k);
 // Rows ids (any shape, integer) of W, dequantized: ids.shape + [k] float32 (an embedding lookup).
 mx::array dequant_rows(const mx::array& ids, const mx::array& packed, int type, int group, int n, int k);
+
+// The evaluation of qmatmul_multi over raw buffers: x's m rows (strided: gathered by shape/strides)
+// times each packed W_i[ns[i], k] into ops[i] (m x ns[i]), on the kernel threads. For primitives
+// that chain products inside one evaluation (layer.cpp); the same bits as qmatmul_multi / qmatmul.
+void products_into(const float* xp, int m, int k, bool strided, const mx::Shape& shape, const mx::Strides& strides,
+                   const std::vector<const uint8_t*>& wps, const std::vector<int>& types,
+                   const std::vector<int>& groups, const std::vector<int>& ns, const std::vector<float*>& ops);
+
+// Throws std::invalid_argument unless packed holds W[n, k] of that type and group.
+void check_packed(const mx::array& packed, int type, int group, int n, int k);
 
 void set_num_threads(int n);
 // Multiply-adds per grain of a split call, and the size under which a call does not wake sleeping
