@@ -37,6 +37,21 @@ def tiny_qwen(tiny_qwen_dir):
     return load_model(tiny_qwen_dir)
 
 
+@pytest.fixture(scope="session", params=["llama", "qwen"])
+def packed_mixed(request, checkpoints_root):
+    """The tiny llama and qwen2 (q/k/v biases) as GGUFs of mixed types (Q8_0 embedding and v, Q4_1
+    elsewhere, so a shared q/k/v group mixes types), loaded on the packed CPU kernels."""
+    import tiny_gguf
+    from gguf import GGMLQuantizationType as Q
+
+    from mlxcel.engine.model.loading import load_model
+
+    src = request.getfixturevalue(f"tiny_{request.param}_dir")
+    path = tiny_gguf.write_gguf(src, checkpoints_root / f"mixed-{request.param}.gguf",
+                                tiny_gguf.mixed({"token_embd": Q.Q8_0, "attn_v": Q.Q8_0, "": Q.Q4_1}))
+    return load_model(path)
+
+
 @pytest.fixture(scope="session")
 def hybrid_dirs(checkpoints_root) -> dict[str, Path]:
     """Tiny targets whose caches hold recurrent state, in their published layouts (tiny_drafters):

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-import tiny_gguf
-from gguf import GGMLQuantizationType as Q
 
 from mlxcel.engine.decode import ragged
 from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan
-from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.platform import qmatmul
 
 pytestmark = pytest.mark.skipif(not (qmatmul.available() and hasattr(qmatmul.extension(), "cache_write")),
@@ -22,12 +19,9 @@ pytestmark = pytest.mark.skipif(not (qmatmul.available() and hasattr(qmatmul.ext
 CONTEXTS = [[3, 9, 4, 1, 7], [2, 8, 8, 5, 6, 1, 9, 4, 3, 2, 7], []]  # the last row joins empty: a prompt
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen"])
-def packed(request, tmp_path_factory):
-    src = request.getfixturevalue(f"tiny_{request.param}_dir")
-    path = tiny_gguf.write_gguf(src, tmp_path_factory.mktemp("layer") / "m.gguf",
-                                tiny_gguf.mixed({"token_embd": Q.Q8_0, "attn_v": Q.Q8_0, "": Q.Q4_1}))
-    return load_model(path)
+@pytest.fixture
+def packed(packed_mixed):
+    return packed_mixed
 
 
 @pytest.fixture(params=[1, 2])

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-import tiny_gguf
-from gguf import GGMLQuantizationType as Q
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import BatchKVCache
 
@@ -20,12 +18,9 @@ pytestmark = pytest.mark.skipif(not (qmatmul.available() and qmatmul.has_multi()
                                 reason="the CPU kernels are not built here")
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen"])
-def packed(request, tmp_path_factory):
-    src = request.getfixturevalue(f"tiny_{request.param}_dir")
-    path = tiny_gguf.write_gguf(src, tmp_path_factory.mktemp("lean") / "m.gguf",
-                                tiny_gguf.mixed({"token_embd": Q.Q8_0, "attn_v": Q.Q8_0, "": Q.Q4_1}))
-    return load_model(path)
+@pytest.fixture
+def packed(packed_mixed):
+    return packed_mixed
 
 
 def _blocks(lm) -> list:
