@@ -656,11 +656,12 @@ void ragged_attention_rows(const float* qp, int64_t qs0, int64_t qs1, int64_t qs
 
 namespace {
 
+
+}  // namespace
+
 mx::Stream cpu() { return mx::default_stream(mx::Device::cpu); }
 
 mx::array f32(const mx::array& a) { return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, cpu()); }
-
-}  // namespace
 
 mx::array swiglu(const mx::array& gate, const mx::array& x) {
   if (gate.shape() != x.shape()) throw std::invalid_argument("swiglu: gate and x must have one shape");

@@ -12,6 +12,11 @@ namespace mlxcel_q {
 
 namespace mx = mlx::core;
 
+// The CPU stream every primitive here runs on, and an input as float32 (itself when it is one):
+// the builders' helpers, shared with layer.cpp.
+mx::Stream cpu();
+mx::array f32(const mx::array& a);
+
 // silu(gate) * x = gate * sigmoid(gate) * x, element-wise, float32 (the MLP's activation).
 mx::array swiglu(const mx::array& gate, const mx::array& x);
 // x[..., d] * rsqrt(mean(x^2) + eps) * w, float32.

@@ -6,15 +6,12 @@
 
 #include "mlx/backend/common/utils.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "fused.h"
 #include "ops.h"
 #include "rows.h"
 
 namespace mlxcel_q {
 namespace {
-
-mx::Stream cpu() { return mx::default_stream(mx::Device::cpu); }
-
-mx::array f32(const mx::array& a) { return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, cpu()); }
 
 mx::array i32(const mx::array& a) { return mx::astype(a, mx::int32, cpu()); }
 
