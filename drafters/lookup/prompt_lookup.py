@@ -85,6 +85,7 @@ class NgramIndex:
 class PromptLookupDrafter(Drafter):
     kind = "prompt-lookup"
     deterministic = True
+    peeks = True
 
     def __init__(self, ngram_min: int = 1, ngram_max: int = 3, *, shadow_confirm: int = SHADOW_CONFIRM_TOKENS,
                  block_start: int = BLOCK_START):
@@ -117,6 +118,10 @@ class PromptLookupDrafter(Drafter):
         if found:
             self.counters.matches += 1
         return Proposal(found)
+
+    def peek(self, sequence: Sequence[int]) -> int | None:
+        found = self.index.continuation(sequence, 1)  # extends the index as propose would: same answers after
+        return found[0] if found else None
 
     def observe(self, sequence: Sequence[int], proposal: Proposal, accepted: int) -> None:
         emitted = sequence[len(sequence) - accepted - 1 :]

@@ -40,7 +40,8 @@ class Drafter(ABC):
     * ``argmax_verify``: above temperature 0 the default rule is argmax-against-argmax rather than
       sampler-match (the model-based drafters, as the reference system verifies them);
     * ``greedy_only``: the drafter proposes greedy chains only, so a sampling request is declined
-      and decoded plainly.
+      and decoded plainly;
+    * ``peeks``: :meth:`peek` says, at no cost, which token the drafter would draft first.
 
     ``grammar`` is the sequence's grammar matcher when the request is constrained (the session sets
     it before ``start``; None otherwise). A drafter may use it to propose only what the grammar
@@ -54,6 +55,7 @@ class Drafter(ABC):
     deterministic: bool = False
     argmax_verify: bool = False
     greedy_only: bool = False
+    peeks: bool = False
     grammar: GrammarMatcher | None = None
 
     @abstractmethod
@@ -69,6 +71,14 @@ class Drafter(ABC):
         """The round ended: ``sequence`` now includes what was emitted, of which the first
         ``accepted`` tokens were ``proposal.tokens[:accepted]`` (an empty proposal: the round
         was a plain one-token step)."""
+
+    def peek(self, sequence: Sequence[int]) -> int | None:
+        """The token :meth:`propose` would draft first after ``sequence``, or None when it would draft
+        nothing, found without a forward and without changing what later calls return (``peeks``
+        drafters only). A row that may not draft this step compares it with the token it emits
+        instead: evidence of its acceptance that costs the shared forward nothing
+        (``session.SpeculativeSession.evidence``)."""
+        return None
 
     def counters_line(self) -> str | None:
         """An extra report line of the drafter's own counters, or None."""

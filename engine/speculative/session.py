@@ -199,6 +199,9 @@ class SpeculativeSession:
         if self.synth_probs and not self.declined:
             rule = SYNTHETIC
         self.counters = SpeculativeCounters(rule=rule, kind=kind or drafter.kind)
+        # peeked first drafts (Drafter.peek) compared with the token emitted instead (evidence)
+        self.shadow_hits = self.shadow_tested = 0
+        self._shadow: int | None = None  # the token peeked at the last prepare, until its round is recorded
         if reason is not None:
             log.warning("%s", reason)
 
@@ -271,8 +274,14 @@ class SpeculativeSession:
     def prepare(self, sequence: Sequence[int], remaining: int, cap: int | None = None) -> PreparedRound:
         """The first half of a batched round (:attr:`batchable` sessions): the proposal and the block
         to forward (at most ``cap`` drafts, see :meth:`block`). The caller forwards ``block`` with the
-        other rows and calls :meth:`decide`."""
-        return prepare_round(self.drafter, sequence, self.block(remaining, cap), self.grammar)
+        other rows and calls :meth:`decide`. When ``cap`` alone stops the row from drafting and its
+        drafter :attr:`~Drafter.peeks`, the token it would have drafted first is kept, and
+        :meth:`record` compares it with the token emitted (:attr:`evidence`)."""
+        k = self.block(remaining, cap)
+        self._shadow = None
+        if k == 0 and cap == 0 and self.drafter.peeks and self.block(remaining) > 0:
+            self._shadow = self.drafter.peek(sequence)
+        return prepare_round(self.drafter, sequence, k, self.grammar)
 
     def decide(self, prep: PreparedRound, logits: mx.array, chain: SamplerChain, sequence: Sequence[int],
                rewind) -> RoundResult:
@@ -311,8 +320,24 @@ class SpeculativeSession:
         return result
 
     def record(self, result: RoundResult, used: int | None = None) -> int:
-        """Count ``result``, of which ``used`` emitted tokens were kept; return the accepted drafts counted."""
+        """Count ``result``, of which ``used`` emitted tokens were kept; return the accepted drafts counted.
+        A round prepared with a peeked token scores it against the token emitted (:attr:`evidence`)."""
+        shadow, self._shadow = self._shadow, None
+        if shadow is not None and result.emitted and not result.proposed:
+            self.shadow_tested += 1
+            self.shadow_hits += int(int(result.emitted[0]) == shadow)
         return self.counters.add(result, used)
+
+    @property
+    def evidence(self) -> tuple[int, int]:
+        """What this row's drafts are worth so far, as ``(accepted, tested)`` first-draft-equivalent
+        positions: the drafted positions its rule tested and accepted, plus every peeked token
+        compared with the token emitted in its place (a hit is what a one-draft block would have had
+        accepted: under greedy exactly, when sampling with the same chance ``p(d)``). The report's
+        counters hold only the drafted ones; a shared forward's cap reads both
+        (``verify_cost.VerifyCost.draft_cap``)."""
+        c = self.counters
+        return c.accepted + self.shadow_hits, c.positions_tested + self.shadow_tested
 
 
 def decide_together(rounds: Sequence[tuple[SpeculativeSession, DecideRow, Callable[[int], None]]]

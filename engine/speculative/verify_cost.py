@@ -93,6 +93,7 @@ PRIOR_ACCEPTED, PRIOR_TESTED = 4, 5  # a row's acceptance before its own evidenc
 DECAY = 0.96  # each sample's weight, for each newer sample (LearnedCost): about 17 steps to halve
 PRIOR_WEIGHT = 0.5  # each of the load-time line's two pseudo-samples (never decays)
 PRIOR_SPAN = (2, 32)  # the tokens N of those two pseudo-samples (the measurement's ends)
+PROBE_EVERY = 8  # a row no draft of which pays drafts only on every PROBE_EVERY-th step (VerifyCost.draft_cap)
 RATIO_PRIOR_WEIGHT = 2.0  # the pipelined ratio's starting 1.0, in samples (decays like them)
 CLIP = 0.25  # a sample enters within this fraction of the model's prediction of it
 MEASURED_ONLY = "measured"  # MLXCEL_VERIFY_COST=measured: measured at load, never learned (the default)
@@ -122,7 +123,7 @@ class VerifyCost:
         return self.per_token_ms / (self.per_token_ms + self.fixed_ms / max(1, rows))
 
     def draft_cap(self, rows: int, accepted: int, tested: int, n_max: int, n_min: int = 0,
-                  pipelined: bool = False) -> int:
+                  pipelined: bool = False, probe: bool = True, peeks: bool = False) -> int:
         """The most drafts a row may propose this iteration when ``rows`` rows share the forward and
         the row has had ``accepted`` of ``tested`` drafted positions accepted so far.
 
@@ -134,25 +135,41 @@ class VerifyCost:
         Laplace's one half, capped fresh rows at 2 drafts, under the lookup governor's break-even
         of 4 tokens a round, and the governor paused them before they had shown anything); its own
         positions outweigh the prior after a few rounds, and no evidence makes a draft certain.
-        Never below ``n_min`` (the row's floor: a block shorter than it is not verified at all),
-        nor below 1: a capped row keeps drafting one position, so its acceptance keeps being
-        measured and its cap can grow back."""
-        return _cap(self.bar(rows, pipelined), rows, accepted, tested, n_max, n_min)
+        A row whose first position does not pay either (``a`` at or under the bar) drafts nothing,
+        except on a probe step (``probe``: the scheduler gives it on one step in :data:`PROBE_EVERY`,
+        the same step for every row), where it drafts ``max(1, n_min)`` positions, so its acceptance
+        keeps being measured and its cap can grow back. The probes are rare and taken together
+        because every draft costs more than its own token where the rows ride the pipeline
+        (``server/runtime/run_ahead.py``): a row that finds drafts turns the next step into a
+        waited-for one for every row, and its lookup costs host time on every step it runs (8
+        prose clients of SmolLM2 lost 9% to one-draft rows that were never accepted,
+        docs/benchmarks.md). A row whose drafter ``peeks`` (``drafter.Drafter.peek``) needs no probe:
+        while it drafts nothing it compares the token it would have drafted with the one emitted,
+        for free, and ``accepted`` / ``tested`` count those too (``SpeculativeSession.evidence``);
+        so it drafts nothing until it has evidence of its own, rather than on the prior, and never
+        on a probe step. Otherwise never below ``n_min`` (the row's floor: a block shorter than it
+        is not verified at all)."""
+        return _cap(self.bar(rows, pipelined), rows, accepted, tested, n_max, n_min, probe, peeks)
 
     def describe(self) -> str:
         return f"{self.fixed_ms:.1f} ms + {self.per_token_ms:.2f} ms a token ({self.source})"
 
 
-def _cap(bar: float, rows: int, accepted: int, tested: int, n_max: int, n_min: int) -> int:
+def _cap(bar: float, rows: int, accepted: int, tested: int, n_max: int, n_min: int, probe: bool = True,
+         peeks: bool = False) -> int:
     """:meth:`VerifyCost.draft_cap` against a given ``bar``."""
     if n_max <= 0:
         return 0
     if rows <= 1:
         return n_max
+    if peeks and tested == 0:
+        return 0
     a = (accepted + PRIOR_ACCEPTED) / (tested + PRIOR_TESTED)
     k = 0
     while k < n_max and a ** (k + 1) > bar:
         k += 1
+    if k == 0 and (peeks or not probe):
+        return 0
     return min(n_max, max(k, n_min, 1))
 
 
@@ -251,16 +268,16 @@ class LearnedCost:
     def bar(self, rows: int, pipelined: bool = False) -> float:
         """The acceptance chance a draft must beat: its token's cost over a plain step's cost per
         token, the pipelined step's when ``pipelined`` (the rows would otherwise ride the pipeline).
-        Can exceed 1: then no draft pays (the cap keeps its one probe draft)."""
+        Can exceed 1: then no draft pays (the cap drafts only to probe, or nothing, ``VerifyCost.draft_cap``)."""
         if self.per_token_ms <= 0:
             return 0.0
         plain = self.plain_ms_per_token(rows, pipelined)
         return self.per_token_ms / plain if plain > 0 else math.inf
 
     def draft_cap(self, rows: int, accepted: int, tested: int, n_max: int, n_min: int = 0,
-                  pipelined: bool = False) -> int:
+                  pipelined: bool = False, probe: bool = True, peeks: bool = False) -> int:
         """:meth:`VerifyCost.draft_cap` with this model's :meth:`bar`."""
-        return _cap(self.bar(rows, pipelined), rows, accepted, tested, n_max, n_min)
+        return _cap(self.bar(rows, pipelined), rows, accepted, tested, n_max, n_min, probe, peeks)
 
     def describe(self) -> str:
         return (f"{self.fixed_ms:.1f} ms + {self.per_token_ms:.2f} ms a token, pipelined x{self.pipelined_ratio:.2f} "

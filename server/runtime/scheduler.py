@@ -65,6 +65,7 @@ from mlxcel.engine.sampling.grammar_matcher import allowed_rows, fill_masks, new
 from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.engine.speculative.session import decide_together
 from mlxcel.engine.speculative.target_features import TargetFeatures, chunk_with_features
+from mlxcel.engine.speculative.verify_cost import PROBE_EVERY
 from mlxcel.server.runtime.errors import ApiError, invalid, shutting_down, timed_out, unavailable
 from mlxcel.server.runtime.faults import FaultPlan
 from mlxcel.server.runtime.faults import fail as inject_fault
@@ -123,6 +124,7 @@ class Scheduler:
         self.last_step: dict[str, int] = {}  # the last iteration's ragged forward (metrics, /slots)
         # pipelined plain decode steps (runtime/run_ahead.py): the rows' next tokens picked, not yet read
         self._ahead: Ahead | None = None
+        self._ragged_steps = 0  # ragged iterations begun: every PROBE_EVERY-th is a probe step (_draft_cap)
         self._run_ahead = run_ahead_enabled()
         self._ahead_mark: tuple[int, float] | None = None  # the last pipelined step's (rows, start): _learn_pipelined
         self._step_trace = StepTrace()  # MLXCEL_TRACE_STEPS (runtime/step_trace.py); off by default
@@ -501,6 +503,7 @@ class Scheduler:
         finished sample their next token (``_sample_rows``). When every row is a plain decoding row
         and nothing else waits, the rows' next tokens are picked but not read back: the next
         iteration queues its forward over them first (``runtime/run_ahead.py``, ``_step_ahead``)."""
+        self._ragged_steps += 1
         if self._ahead is not None:
             if self._ahead_intact():
                 self._step_ahead()
@@ -657,12 +660,17 @@ class Scheduler:
         """The most drafts ``spec``'s row may bring to a forward of ``width`` decoding rows (the verify
         cost model's cap, ``verify_cost.VerifyCost.draft_cap``; ``pipelined``: the rows would otherwise
         ride the pipeline, so a learned model prices the draft against the pipelined step); None
-        without a cost model."""
+        without a cost model. The row's evidence counts its peeked tokens too
+        (``SpeculativeSession.evidence``); a row none of whose drafts pays and that cannot peek
+        drafts only on a probe step, one ragged iteration in ``PROBE_EVERY``, the same for every row
+        (so that their probes break the pipeline together, and every rank of a lockstep group counts
+        the same iterations)."""
         cost = self.speculation.verify_cost if self.speculation is not None else None
         if cost is None:
             return None
-        return cost.draft_cap(width, spec.counters.accepted, spec.counters.positions_tested, spec.n_max, spec.n_min,
-                              pipelined=pipelined)
+        accepted, tested = spec.evidence
+        return cost.draft_cap(width, accepted, tested, spec.n_max, spec.n_min, pipelined=pipelined,
+                              probe=self._ragged_steps % PROBE_EVERY == 0, peeks=spec.drafter.peeks)
 
     # -- the verify cost model learned from the steps run (verify_cost.LearnedCost) --------------------
 

@@ -107,3 +107,48 @@ def test_counters_line_format():
     line = PromptLookupDrafter(2, 4).counters_line()
     assert line.startswith("[Prompt lookup] ngram=2..4 lookups=0 matches=0 verified_blocks=0 accepted=0 "
                            "pauses=0 shadow_lookups=0 shadow_hits=0 resumes=0 (")
+
+
+def test_peek_is_the_first_draft_and_changes_no_later_answer():
+    seq = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2, 6, 4, 3, 3, 8, 3, 2, 7, 9, 5]
+    peeking, plain = PromptLookupDrafter(1, 3), PromptLookupDrafter(1, 3)
+    assert PromptLookupDrafter.peeks
+    for d in (peeking, plain):
+        d.start(seq[:2], SamplerParams(), 0)
+    for end in range(2, len(seq) + 1):
+        first = peeking.peek(seq[:end])
+        proposed = peeking.propose(seq[:end], 3).tokens
+        assert proposed == plain.propose(seq[:end], 3).tokens
+        assert first == (proposed[0] if proposed else None)
+    assert peeking.counters == plain.counters  # a peek is no lookup of the report's
+
+
+def test_a_capped_session_scores_its_peeks_against_the_emitted_token_and_reports_none():
+    from mlxcel.drafters.lookup.governor import GovernedPromptLookupDrafter
+    from mlxcel.engine.speculative.session import SpeculativeSession
+
+    session = SpeculativeSession(GovernedPromptLookupDrafter(1, 3), SamplerParams(), n_max=8)
+    seq = [5, 6, 7, 8, 5, 6]  # the lookup would draft 7, 8, ...
+    session.begin(seq, 0)
+    assert session.evidence == (0, 0)
+    for emitted, hits in ((7, 1), (1, 1)):  # a hit, then (after 5 6 7 -> 8) a miss
+        prep = session.prepare(seq, 100, cap=0)
+        assert prep.drafts == [] and prep.block == [seq[-1]]
+        result = session.quiet(prep, seq, emitted)
+        session.record(result)
+        seq = seq + [emitted]
+        assert session.evidence == (hits, len(seq) - 6)
+    c = session.counters
+    assert (c.positions_tested, c.accepted, c.rounds, c.plain_steps) == (0, 0, 0, 2)  # the report: two plain steps
+    # no peek when the cap does not stop the row (its drafts are tested instead), nor when the budget does
+    session = SpeculativeSession(GovernedPromptLookupDrafter(1, 3), SamplerParams(), n_max=8)
+    seq = [1, 2, 3, 1, 2]
+    session.begin(seq, 0)
+    assert session.prepare(seq, 100, cap=4).drafts == [3, 1, 2]
+    session.record(session.quiet(session.prepare(seq, 1, cap=0), seq, 3))
+    assert session.evidence == (0, 0)
+    # nothing to peek (no match): no evidence either way
+    session = SpeculativeSession(GovernedPromptLookupDrafter(1, 3), SamplerParams(), n_max=8)
+    session.begin([40, 41], 0)
+    session.record(session.quiet(session.prepare([40, 41], 100, cap=0), [40, 41], 42))
+    assert session.evidence == (0, 0)

@@ -33,6 +33,24 @@ def test_a_wide_batch_with_low_acceptance_drafts_fewer_but_never_below_n_min():
     assert SMOLLM2.draft_cap(4, 0, 0, n_max=32) == 3
 
 
+def test_a_row_no_draft_of_which_pays_drafts_only_to_probe_or_on_its_peeks():
+    poor, good = (20, 100), (90, 100)
+    for rows in (2, 4, 8):
+        assert SMOLLM2.draft_cap(rows, *poor, n_max=16, probe=False) == 0
+        assert SMOLLM2.draft_cap(rows, *poor, n_max=16, n_min=3, probe=False) == 0  # the floor is no reason to draft
+        assert SMOLLM2.draft_cap(rows, *poor, n_max=16, probe=True) == 1
+        # a row that peeks gathers its evidence for free: no probe, and nothing before its first evidence
+        assert SMOLLM2.draft_cap(rows, *poor, n_max=16, probe=True, peeks=True) == 0
+        assert SMOLLM2.draft_cap(rows, 0, 0, n_max=16, peeks=True) == 0
+        assert SMOLLM2.draft_cap(rows, 0, 0, n_max=16) >= 1  # the prior's 0.8 without peeks
+        # a row whose drafts pay is capped as before, whether it peeks or probes
+        paid = SMOLLM2.draft_cap(rows, *good, n_max=16)
+        assert paid >= 1 and paid == SMOLLM2.draft_cap(rows, *good, n_max=16, probe=False, peeks=True)
+    # one row keeps n_max whatever it shows
+    assert SMOLLM2.draft_cap(1, 0, 0, n_max=16, probe=False, peeks=True) == 16
+    assert SMOLLM2.draft_cap(1, *poor, n_max=16, probe=False, peeks=True) == 16
+
+
 def test_the_cap_is_where_the_next_draft_stops_paying():
     rows, accepted, tested = 4, 60, 80
     a = (accepted + 4) / (tested + 5)

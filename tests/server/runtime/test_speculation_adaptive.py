@@ -1,6 +1,6 @@
 """Draft lengths that adapt to the batch (issue 17 item 4), through a real server process on a tiny
-checkpoint: with several lookup clients sharing the verify forward each row drafts fewer tokens per
-round than one client alone does, by the forward's cost model (``engine.speculative.verify_cost``),
+checkpoint: with several lookup clients sharing the verify forward each row drafts fewer tokens for
+each token emitted than one client alone does, by the forward's cost model (``engine.speculative.verify_cost``),
 and every client still gets exactly the tokens it gets alone."""
 
 from __future__ import annotations
@@ -22,22 +22,21 @@ PROMPTS = [
 ]
 N = 32
 # a forward whose tokens cost everything and whose fixed part nothing: any second row makes a draft
-# pay only when it is all but certain to be accepted, so a shared row keeps one draft per round
+# pay only when it is all but certain to be accepted, so a shared row drafts (all but) nothing: a
+# lookup row peeks instead (verify_cost.VerifyCost.draft_cap)
 # (given, not measured: timings on shared cores would make the caps, not the test, decide)
 COST = "1,100"
 
 
-def drafts_per_round(url: str, run) -> tuple[float, list[dict]]:
-    before = (metric(url, "llamacpp:spec_decode_num_draft_tokens_total"),
-              metric(url, "llamacpp:spec_decode_num_drafts_total"))
+def drafts_per_token(url: str, run) -> tuple[float, list[dict]]:
+    """Draft tokens proposed per token emitted while ``run()`` runs, and what it returned."""
+    before = metric(url, "llamacpp:spec_decode_num_draft_tokens_total")
     out = run()
-    tokens = metric(url, "llamacpp:spec_decode_num_draft_tokens_total") - before[0]
-    rounds = metric(url, "llamacpp:spec_decode_num_drafts_total") - before[1]
-    assert rounds > 0
-    return tokens / rounds, out
+    drafted = metric(url, "llamacpp:spec_decode_num_draft_tokens_total") - before
+    return drafted / sum(len(r["tokens"]) for r in out), out
 
 
-def test_concurrent_lookup_rows_draft_fewer_per_round_than_one_client(tiny_llama_dir, checkpoints_root):
+def test_concurrent_lookup_rows_draft_fewer_per_token_than_one_client(tiny_llama_dir, checkpoints_root):
     target = tiny_gguf.write_gguf(tiny_llama_dir, checkpoints_root / "tiny-llama-q8-adaptive.gguf",
                                   tiny_gguf.uniform(Q.Q8_0))
     bodies = [{"prompt": p, "n_predict": N, "ignore_eos": True, "return_tokens": True, "cache_prompt": False,
@@ -45,13 +44,13 @@ def test_concurrent_lookup_rows_draft_fewer_per_round_than_one_client(tiny_llama
     with running(s=partial(ServerProcess, "-m", str(target), "-np", "8", "--metrics", "--spec-type", "ngram-simple",
                            "--spec-ngram-simple-size-m", "6", env={"MLXCEL_VERIFY_COST": COST})) as procs:
         s = procs["s"]
-        alone_rate, alone = drafts_per_round(s.url, lambda: [post_ok(s, "/completion", b) for b in bodies])
-        together_rate, together = drafts_per_round(s.url, lambda: concurrently(s.url, bodies))
+        alone_rate, alone = drafts_per_token(s.url, lambda: [post_ok(s, "/completion", b) for b in bodies])
+        together_rate, together = drafts_per_token(s.url, lambda: concurrently(s.url, bodies))
         log = s.log_path.read_text()
     assert "Shared verify forward: 1.0 ms + 100.00 ms a token (given)" in log
     assert [r["tokens"] for r in together] == [r["tokens"] for r in alone]
-    assert alone_rate > 2.0, alone_rate  # one client drafts its whole lookup (up to 6)
-    assert together_rate < 0.75 * alone_rate, (alone_rate, together_rate)
+    assert alone_rate > 0.2, alone_rate  # one client drafts its whole lookup (up to 6) until its governor pauses it
+    assert together_rate < 0.25 * alone_rate, (alone_rate, together_rate)
 
 
 def test_the_cost_model_learns_from_the_steps_the_server_runs(tiny_llama_dir, checkpoints_root):
