@@ -1008,10 +1008,29 @@ class Scheduler:
         return {j: allowed_rows(mask, vocab_size) for (j, _), mask in zip(rows, masks)}
 
     def _release(self, slot: Slot, send: bool = True) -> None:
-        """End the slot's run: take its row out of the batch (keeping its cache for prompt reuse),
-        send the final result, update metrics."""
+        """End the slot's run: send the final result, update metrics, then take its row out of the
+        batch (keeping its cache for prompt reuse). The result goes first: the row's cache is copied
+        out of the batch's (``RaggedBatch.remove``, a few ms for a long context) after the client has
+        what it waits for; the slot is idle (``busy`` false, ``last_task`` this run) by the time the result
+        arrives."""
         self._leave_ahead(slot.id)
         run = slot.run
+        slot.run = None
+        slot.last_task = {
+            "id_task": run.task.id,
+            "n_prompt_tokens": len(run.prompt),
+            "n_prompt_tokens_processed": run.n_past - run.cache_n,
+            "n_prompt_tokens_cache": run.cache_n,
+            "options": run.opts,
+            "n_decoded": len(run.generated),
+            "has_new_line": "\n" in run.text,
+        }
+        if send:
+            final = run.final()
+            t = final.result.timings
+            self.metrics.record_request(t.prompt_n, t.cache_n, t.prompt_ms, t.predicted_n, t.predicted_ms,
+                                        len(run.prompt) + len(run.generated))
+            run.task.sink(final)
         if slot.id in self._batch:
             slot.cache = self._batch.remove([slot.id])[slot.id]
         if slot.id in self._ragged:
@@ -1028,23 +1047,7 @@ class Scheduler:
             elif extra != 0:
                 slot.cache, slot.tokens = None, []
         slot.keep_features(TargetFeatures.join(run.features) if run.features and slot.cache is not None else None)
-        slot.run = None
         slot.last_used = time.perf_counter()
-        if send:
-            final = run.final()
-            t = final.result.timings
-            self.metrics.record_request(t.prompt_n, t.cache_n, t.prompt_ms, t.predicted_n, t.predicted_ms,
-                                        len(run.prompt) + len(run.generated))
-            run.task.sink(final)
-        slot.last_task = {
-            "id_task": run.task.id,
-            "n_prompt_tokens": len(run.prompt),
-            "n_prompt_tokens_processed": run.n_past - run.cache_n,
-            "n_prompt_tokens_cache": run.cache_n,
-            "options": run.opts,
-            "n_decoded": len(run.generated),
-            "has_new_line": "\n" in run.text,
-        }
 
     def _fail_rows(self, rows, runs, error) -> None:
         """The rows a failed shared forward touched: each request fails with ``error`` and its slot
