@@ -73,3 +73,21 @@ def test_the_cost_model_learns_from_the_steps_the_server_runs(tiny_llama_dir, ch
     assert learned and max(int(w[0]) for w in learned) >= 16, learned  # one line at each power of two
     assert max(int(w[3]) for w in learned) > 0, learned  # the quiet rows' pipelined steps were timed too
     assert [r["tokens"] for r in together] == [r["tokens"] for r in alone]
+
+
+def test_rows_whose_caps_differ_still_get_what_they_get_alone(tiny_llama_dir, checkpoints_root):
+    """A cost where some drafts pay at six rows and others do not (bar 0.375): rows peek, draft a few
+    or many positions, each by its own evidence, and every client still gets exactly its tokens alone,
+    greedy and sampled."""
+    target = tiny_gguf.write_gguf(tiny_llama_dir, checkpoints_root / "tiny-llama-q8-adaptive.gguf",
+                                  tiny_gguf.uniform(Q.Q8_0))
+    bodies = [{"prompt": p, "n_predict": N, "ignore_eos": True, "return_tokens": True, "cache_prompt": False,
+               **({"temperature": 0.8, "seed": 7 + i, "top_k": 0, "top_p": 1.0, "min_p": 0.0} if i % 2 else
+                  {"temperature": 0})} for i, p in enumerate(PROMPTS)]
+    with running(s=partial(ServerProcess, "-m", str(target), "-np", "8", "--metrics", "--spec-type", "ngram-simple",
+                           "--spec-ngram-simple-size-m", "6", env={"MLXCEL_VERIFY_COST": "10,1"})) as procs:
+        s = procs["s"]
+        alone = [post_ok(s, "/completion", b) for b in bodies]
+        together_rate, together = drafts_per_token(s.url, lambda: concurrently(s.url, bodies))
+    assert [r["tokens"] for r in together] == [r["tokens"] for r in alone]
+    assert together_rate > 0  # rows did draft in the shared forwards

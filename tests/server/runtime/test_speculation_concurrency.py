@@ -47,10 +47,15 @@ def target(tiny_llama_dir, checkpoints_root):
 @pytest.fixture(scope="module")
 def servers(target, draft_dir):
     common = ("-m", str(target), "-np", "8", "--metrics", "--slots", "-ub", "16")
+    # no cost model: a speculating row drafts whatever its drafter proposes (up to n_max) in every
+    # shared forward, whatever the machine's timings, so these tests verify the most blocks side by
+    # side (the caps only change how many drafts a row brings: test_speculation_adaptive.py)
+    off = {"MLXCEL_VERIFY_COST": "off"}
     with running(plain=partial(ServerProcess, *common),
                  lookup=partial(ServerProcess, *common, "--spec-type", "ngram-simple", "--spec-ngram-simple-size-m",
-                                "6"),
-                 draft=partial(ServerProcess, *common, "-md", str(draft_dir), "--spec-draft-n-max", "3")) as procs:
+                                "6", env=off),
+                 draft=partial(ServerProcess, *common, "-md", str(draft_dir), "--spec-draft-n-max", "3",
+                               env=off)) as procs:
         yield procs
 
 
