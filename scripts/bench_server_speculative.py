@@ -136,7 +136,6 @@ WORKLOADS = {
     "prose-story": "Write a short story about a robot who learns to paint.",
     "prose-explain": "Explain how a rainbow forms, step by step.",
 }
-EDIT = tuple(name for name in WORKLOADS if not name.startswith("prose"))
 COPY_MIX_ONLY = tuple(f"edit-paragraph-{old}" for old in SWAPS)  # not run one client at a time unless asked
 ARMS = ("plain", "lookup", "opt-out")
 
