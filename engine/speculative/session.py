@@ -200,8 +200,8 @@ class SpeculativeSession:
             rule = SYNTHETIC
         self.counters = SpeculativeCounters(rule=rule, kind=kind or drafter.kind)
         # peeked first drafts (Drafter.peek) compared with the token emitted instead (evidence)
-        self.shadow_hits = self.shadow_tested = 0
-        self._shadow: int | None = None  # the token peeked at the last prepare, until its round is recorded
+        self.peek_hits = self.peeks_tested = 0
+        self._peeked: int | None = None  # the token peeked at the last prepare, until its round is recorded
         if reason is not None:
             log.warning("%s", reason)
 
@@ -278,9 +278,9 @@ class SpeculativeSession:
         drafter :attr:`~Drafter.peeks`, the token it would have drafted first is kept, and
         :meth:`record` compares it with the token emitted (:attr:`evidence`)."""
         k = self.block(remaining, cap)
-        self._shadow = None
+        self._peeked = None
         if k == 0 and cap == 0 and self.drafter.peeks and self.block(remaining) > 0:
-            self._shadow = self.drafter.peek(sequence)
+            self._peeked = self.drafter.peek(sequence)
         return prepare_round(self.drafter, sequence, k, self.grammar)
 
     def decide(self, prep: PreparedRound, logits: mx.array, chain: SamplerChain, sequence: Sequence[int],
@@ -322,10 +322,10 @@ class SpeculativeSession:
     def record(self, result: RoundResult, used: int | None = None) -> int:
         """Count ``result``, of which ``used`` emitted tokens were kept; return the accepted drafts counted.
         A round prepared with a peeked token scores it against the token emitted (:attr:`evidence`)."""
-        shadow, self._shadow = self._shadow, None
-        if shadow is not None and result.emitted and not result.proposed:
-            self.shadow_tested += 1
-            self.shadow_hits += int(int(result.emitted[0]) == shadow)
+        peeked, self._peeked = self._peeked, None
+        if peeked is not None and result.emitted and not result.proposed:
+            self.peeks_tested += 1
+            self.peek_hits += int(int(result.emitted[0]) == peeked)
         return self.counters.add(result, used)
 
     @property
@@ -337,7 +337,7 @@ class SpeculativeSession:
         counters hold only the drafted ones; a shared forward's cap reads both
         (``verify_cost.VerifyCost.draft_cap``)."""
         c = self.counters
-        return c.accepted + self.shadow_hits, c.positions_tested + self.shadow_tested
+        return c.accepted + self.peek_hits, c.positions_tested + self.peeks_tested
 
 
 def decide_together(rounds: Sequence[tuple[SpeculativeSession, DecideRow, Callable[[int], None]]]

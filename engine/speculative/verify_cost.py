@@ -141,8 +141,8 @@ class VerifyCost:
         keeps being measured and its cap can grow back. The probes are rare and taken together
         because every draft costs more than its own token where the rows ride the pipeline
         (``server/runtime/run_ahead.py``): a row that finds drafts turns the next step into a
-        waited-for one for every row, and its lookup costs host time on every step it runs (8
-        prose clients of SmolLM2 lost 9% to one-draft rows that were never accepted,
+        waited-for one for every row, and its lookup costs host time on every step it runs (with a
+        one-draft floor, 8 prose clients of SmolLM2 drafted twice as many tokens, none accepted:
         docs/benchmarks.md). A row whose drafter ``peeks`` (``drafter.Drafter.peek``) needs no probe:
         while it drafts nothing it compares the token it would have drafted with the one emitted,
         for free, and ``accepted`` / ``tested`` count those too (``SpeculativeSession.evidence``);
