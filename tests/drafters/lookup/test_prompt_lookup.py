@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from mlxcel.drafters.lookup.governor import GovernedPromptLookupDrafter
 from mlxcel.drafters.lookup.prompt_lookup import NgramIndex, PromptLookupDrafter
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.proposal import Proposal
+from mlxcel.engine.speculative.session import SpeculativeSession
 
 
 def lookup(seq, k=4, lo=1, hi=3):
@@ -124,9 +126,6 @@ def test_peek_is_the_first_draft_and_changes_no_later_answer():
 
 
 def test_a_capped_session_scores_its_peeks_against_the_emitted_token_and_reports_none():
-    from mlxcel.drafters.lookup.governor import GovernedPromptLookupDrafter
-    from mlxcel.engine.speculative.session import SpeculativeSession
-
     session = SpeculativeSession(GovernedPromptLookupDrafter(1, 3), SamplerParams(), n_max=8)
     seq = [5, 6, 7, 8, 5, 6]  # the lookup would draft 7, 8, ...
     session.begin(seq, 0)

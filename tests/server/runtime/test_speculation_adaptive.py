@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import pytest
 import tiny_gguf
 from concurrent_requests import concurrently, metric
 from gguf import GGMLQuantizationType as Q
@@ -28,6 +29,13 @@ N = 32
 COST = "1,100"
 
 
+@pytest.fixture(scope="module")
+def target(tiny_llama_dir, checkpoints_root):
+    """The tiny llama in Q8_0: its forward runs on the packed CPU kernels, as real GGUF models do here."""
+    return tiny_gguf.write_gguf(tiny_llama_dir, checkpoints_root / "tiny-llama-q8-adaptive.gguf",
+                                tiny_gguf.uniform(Q.Q8_0))
+
+
 def drafts_per_token(url: str, run) -> tuple[float, list[dict]]:
     """Draft tokens proposed per token emitted while ``run()`` runs, and what it returned."""
     before = metric(url, "llamacpp:spec_decode_num_draft_tokens_total")
@@ -36,9 +44,7 @@ def drafts_per_token(url: str, run) -> tuple[float, list[dict]]:
     return drafted / sum(len(r["tokens"]) for r in out), out
 
 
-def test_concurrent_lookup_rows_draft_fewer_per_token_than_one_client(tiny_llama_dir, checkpoints_root):
-    target = tiny_gguf.write_gguf(tiny_llama_dir, checkpoints_root / "tiny-llama-q8-adaptive.gguf",
-                                  tiny_gguf.uniform(Q.Q8_0))
+def test_concurrent_lookup_rows_draft_fewer_per_token_than_one_client(target):
     bodies = [{"prompt": p, "n_predict": N, "ignore_eos": True, "return_tokens": True, "cache_prompt": False,
                "temperature": 0} for p in PROMPTS]
     with running(s=partial(ServerProcess, "-m", str(target), "-np", "8", "--metrics", "--spec-type", "ngram-simple",
@@ -53,11 +59,9 @@ def test_concurrent_lookup_rows_draft_fewer_per_token_than_one_client(tiny_llama
     assert together_rate < 0.25 * alone_rate, (alone_rate, together_rate)
 
 
-def test_the_cost_model_learns_from_the_steps_the_server_runs(tiny_llama_dir, checkpoints_root):
+def test_the_cost_model_learns_from_the_steps_the_server_runs(target):
     """MLXCEL_VERIFY_COST=learn: measured at load, then learned from the server's own steps (the log says
     how many it has learned from); every client still gets exactly the tokens it gets alone."""
-    target = tiny_gguf.write_gguf(tiny_llama_dir, checkpoints_root / "tiny-llama-q8-adaptive.gguf",
-                                  tiny_gguf.uniform(Q.Q8_0))
     bodies = [{"prompt": p, "n_predict": N, "ignore_eos": True, "return_tokens": True, "cache_prompt": False,
                "temperature": 0} for p in PROMPTS]
     with running(s=partial(ServerProcess, "-m", str(target), "-np", "8", "--metrics", "--spec-type", "ngram-simple",
@@ -75,12 +79,10 @@ def test_the_cost_model_learns_from_the_steps_the_server_runs(tiny_llama_dir, ch
     assert [r["tokens"] for r in together] == [r["tokens"] for r in alone]
 
 
-def test_rows_whose_caps_differ_still_get_what_they_get_alone(tiny_llama_dir, checkpoints_root):
+def test_rows_whose_caps_differ_still_get_what_they_get_alone(target):
     """A cost where some drafts pay at six rows and others do not (bar 0.375): rows peek, draft a few
     or many positions, each by its own evidence, and every client still gets exactly its tokens alone,
     greedy and sampled."""
-    target = tiny_gguf.write_gguf(tiny_llama_dir, checkpoints_root / "tiny-llama-q8-adaptive.gguf",
-                                  tiny_gguf.uniform(Q.Q8_0))
     bodies = [{"prompt": p, "n_predict": N, "ignore_eos": True, "return_tokens": True, "cache_prompt": False,
                **({"temperature": 0.8, "seed": 7 + i, "top_k": 0, "top_p": 1.0, "min_p": 0.0} if i % 2 else
                   {"temperature": 0})} for i, p in enumerate(PROMPTS)]
