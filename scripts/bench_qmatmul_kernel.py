@@ -51,7 +51,8 @@ def child(args) -> dict:
                 .view(np.uint8).reshape(n, k // block, 2)
         w0 = qmatmul.pack_gguf(raw.reshape(n, -1), qtype, n, k)
         copies = max(1, -(-CACHE_BYTES // w0.packed.nbytes))
-        ws = [w0] + [qmatmul.PackedWeight(mx.array(np.array(w0.packed)), qtype, n, k) for _ in range(copies - 1)]
+        # each copy packed like a loaded model's matrix (aligned, huge pages), not an array copy of one
+        ws = [w0] + [qmatmul.pack_gguf(raw.reshape(n, -1), qtype, n, k) for _ in range(copies - 1)]
         mx.eval([w.packed for w in ws])
         cell = {}
         for m in ROWS:

@@ -27,6 +27,24 @@ static inline int prefetch_distance() {
   return bytes;
 }
 
+// Which cache the weights' software prefetches fill. x86: L2 (prefetcht2) by default. Into L1
+// (prefetcht0) each line held one of the core's few L1 miss buffers from the prefetch to the load,
+// which capped a one-row product's read at 12-15 GB/s on Zen 4 against 24 for a plain streaming
+// read: Q6_K 8960 x 1536 at one row 0.91 -> 0.59 ms, Q4_K 1536 x 8960 0.63 -> 0.46 ms (median of 5
+// rounds, weights streamed from memory; docs/benchmarks.md). MLXCEL_QPREFETCH_L1=1 restores L1
+// (the Intel AMX guest was tuned with it). Elsewhere (arm64) L1, as measured before.
+static inline bool prefetch_into_l1() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool l1 = [] {
+    const char* v = std::getenv("MLXCEL_QPREFETCH_L1");
+    return v && std::atoi(v) != 0;
+  }();
+  return l1;
+#else
+  return true;
+#endif
+}
+
 // The row loops are unrolled explicitly: left to the late unroller, GCC kept the R accumulators in
 // memory (a store and a reload per row and block; Q4_K 8960 x 1536 at 16 rows 1.20 -> 1.10 ms).
 // ahead: how far ahead (bytes) to prefetch the weights, 0 for not at all (see matmul_type).
@@ -37,6 +55,7 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
   const int nb = x.blocks();
   const int K = x.k;
   const int lane0 = slice * V::L;  // first feature of this slice inside the tile
+  const bool l1 = ahead && prefetch_into_l1();
   typename V::vf acc[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = V::zero();
@@ -51,7 +70,10 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
       // head (49152 x 576 Q8_0) at 8 rows took 2.77 ms, 1.2 with this: see matmul_type.
       if (ahead && slice == 0) {
         const uint8_t* pf = unit + ahead + b * block_bytes;
-        for (int i = 0; i < block_bytes; i += 64) __builtin_prefetch(pf + i);
+        if (l1)
+          for (int i = 0; i < block_bytes; i += 64) __builtin_prefetch(pf + i, 0, 3);
+        else
+          for (int i = 0; i < block_bytes; i += 64) __builtin_prefetch(pf + i, 0, 1);
       }
       const uint8_t* vals = unit + Tr::values + b * (Tr::eight ? 512 : 256) + lane0 * 4;
       typename V::vi w[8];
