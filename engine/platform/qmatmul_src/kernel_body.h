@@ -103,7 +103,7 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
         w[6] = V::or_high2<2>(w[6], h1); w[7] = V::or_high2<3>(w[7], h1);
       }
       // The offset (u - offset) is folded into the min term: M = -offset * scale.
-      typename V::vf S, S2, M, M2;
+      typename V::vf S, S2, M;
       if constexpr (T == Q4_0 || T == Q8_0) {
         S = V::half(unit + 2 * lane0);
         M = V::mul(S, V::set1(-float(Tr::offset)));
@@ -116,8 +116,6 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
       } else if constexpr (T == Q6_K) {
         S = V::mul(d, V::i8f(unit + Q6K_SC + (2 * b) * 16 + lane0));
         S2 = V::mul(d, V::i8f(unit + Q6K_SC + (2 * b + 1) * 16 + lane0));
-        M = V::mul(S, V::set1(-float(Tr::offset)));
-        M2 = V::mul(S2, V::set1(-float(Tr::offset)));
       } else {
         S = V::loadf(unit + 4 * lane0);
         M = V::loadf(unit + 64 + 4 * lane0);
@@ -136,10 +134,12 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
             lo = V::dot(lo, w[g], xr + 4 * g);
             hi = V::dot(hi, w[g + 4], xr + 4 * g + 16);
           }
+          // The offset in the integers: sum (u - 32) q = sum u q - 32 sum q, exact, where a float
+          // min term per half cost two more multiplies per block and two FMAs per row and block.
+          lo = V::sub_i(lo, Tr::offset * x.s[2 * xi]);
+          hi = V::sub_i(hi, Tr::offset * x.s[2 * xi + 1]);
           acc[r] = V::fma(V::cvt(lo), V::mul(S, V::bcastf(dx)), acc[r]);
           acc[r] = V::fma(V::cvt(hi), V::mul(S2, V::bcastf(dx)), acc[r]);
-          acc[r] = V::fma(M, V::bcastf(ds), acc[r]);
-          acc[r] = V::fma(M2, V::bcastf(ds + 1), acc[r]);
         } else {
           // two independent chains (even and odd groups): half the dependency latency
           typename V::vi d0 = V::izero(), d1 = V::izero();
