@@ -27,12 +27,18 @@ static inline int prefetch_distance() {
   return bytes;
 }
 
-// Which cache the weights' software prefetches fill. x86: L2 (prefetcht2) by default. Into L1
-// (prefetcht0) each line held one of the core's few L1 miss buffers from the prefetch to the load,
-// which capped a one-row product's read at 12-15 GB/s on Zen 4 against 24 for a plain streaming
-// read: Q6_K 8960 x 1536 at one row 0.91 -> 0.59 ms, Q4_K 1536 x 8960 0.63 -> 0.46 ms (median of 5
-// rounds, weights streamed from memory; docs/benchmarks.md). MLXCEL_QPREFETCH_L1=1 restores L1
-// (the Intel AMX guest was tuned with it). Elsewhere (arm64) L1, as measured before.
+// Which cache the weights' software prefetches fill. A matrix streamed from memory (the tile-by-tile
+// walk below) prefetches into L2 on x86 (prefetcht2): into L1 (prefetcht0) each line held one of
+// the core's few L1 miss buffers from the prefetch to the load, which capped a one-row product's
+// read at 12-15 GB/s on Zen 4 against 24 for a plain streaming read (Q6_K 8960 x 1536 at one row
+// 0.91 -> 0.59 ms, Q4_K 1536 x 8960 0.63 -> 0.46, median of 5 rounds; Qwen2.5-1.5B's forward over
+// 2 / 4 tokens 65.5 / 85.2 -> 48.0 / 61.5 ms; docs/benchmarks.md). A matrix that stays in L2 / L3 (the
+// chunk-by-chunk walk) keeps L1: with L2 there SmolLM2's forward over 16 tokens went 26.3 ->
+// 29.9 ms. MLXCEL_QPREFETCH_L1=1 takes L1 everywhere (the Intel AMX guest was tuned with it);
+// arm64 keeps L1 (not measured there). The choice travels in bit 0 of `ahead` (PREFETCH_TO_L2),
+// which is otherwise even (unit sizes are).
+constexpr size_t PREFETCH_TO_L2 = 1;
+
 static inline bool prefetch_into_l1() {
 #if defined(__x86_64__) || defined(_M_X64)
   static const bool l1 = [] {
@@ -55,7 +61,8 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
   const int nb = x.blocks();
   const int K = x.k;
   const int lane0 = slice * V::L;  // first feature of this slice inside the tile
-  const bool l1 = ahead && prefetch_into_l1();
+  const bool l2 = ahead & PREFETCH_TO_L2;
+  ahead &= ~PREFETCH_TO_L2;
   typename V::vf acc[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) acc[r] = V::zero();
@@ -70,10 +77,10 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
       // head (49152 x 576 Q8_0) at 8 rows took 2.77 ms, 1.2 with this: see matmul_type.
       if (ahead && slice == 0) {
         const uint8_t* pf = unit + ahead + b * block_bytes;
-        if (l1)
-          for (int i = 0; i < block_bytes; i += 64) __builtin_prefetch(pf + i, 0, 3);
-        else
+        if (l2)
           for (int i = 0; i < block_bytes; i += 64) __builtin_prefetch(pf + i, 0, 1);
+        else
+          for (int i = 0; i < block_bytes; i += 64) __builtin_prefetch(pf + i, 0, 3);
       }
       const uint8_t* vals = unit + Tr::values + b * (Tr::eight ? 512 : 256) + lane0 * 4;
       typename V::vi w[8];
@@ -276,13 +283,14 @@ static void walk(const Layout& l, const uint8_t* packed, int n, int k, const XQu
   // 1 row 0.76 -> 0.63 ms and 0.20 -> 0.16 ms.
   const size_t dist = size_t(std::max(0, prefetch_distance()));
   const size_t next = dist ? tb : 0;
-  const size_t later = Traits<T>::kq || T == Q6_K ? dist : 0;
+  const size_t later = Traits<T>::kq || T == Q6_K ? dist & ~PREFETCH_TO_L2 : 0;
+  const size_t streamed = next && !prefetch_into_l1() ? next | PREFETCH_TO_L2 : next;
   for (int b0 = 0; b0 < m; b0 += ROW_BLOCK) {
     const int b1 = std::min(m, b0 + ROW_BLOCK);
     if (by_tile) {
       for (int t = t0; t < t1; ++t)
         for (int r0 = b0; r0 < b1; r0 += STEP)
-          CHUNK(l, packed + size_t(t) * tb, units, n, x, r0, std::min(STEP, b1 - r0), out, t, r0 == b0 ? next : 0);
+          CHUNK(l, packed + size_t(t) * tb, units, n, x, r0, std::min(STEP, b1 - r0), out, t, r0 == b0 ? streamed : 0);
     } else {
       for (int r0 = b0; r0 < b1; r0 += STEP)
         for (int t = t0; t < t1; ++t)

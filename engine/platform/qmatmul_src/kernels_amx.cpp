@@ -162,7 +162,7 @@ void amx_chunk(const Layout& l, const uint8_t* tile, int units, int n, const XQu
     const uint8_t* unit = unit_of(i);
     const int b = i % l.blocks;
     if (ahead) {
-      const uint8_t* pf = unit + ahead + b * block_bytes;
+      const uint8_t* pf = unit + (ahead & ~PREFETCH_TO_L2) + b * block_bytes;  // into L1 here (tuned so)
       for (int j = 0; j < block_bytes; j += 64) __builtin_prefetch(pf + j);
     }
     wsrc[P] = weights<T>(unit, b, wbuf[P]);
