@@ -27,16 +27,16 @@ static inline int prefetch_distance() {
   return bytes;
 }
 
-// Which cache the weights' software prefetches fill. A matrix streamed from memory (the tile-by-tile
-// walk below) prefetches into L2 on x86 (prefetcht2): into L1 (prefetcht0) each line held one of
-// the core's few L1 miss buffers from the prefetch to the load, which capped a one-row product's
-// read at 12-15 GB/s on Zen 4 against 24 for a plain streaming read (Q6_K 8960 x 1536 at one row
-// 0.91 -> 0.59 ms, Q4_K 1536 x 8960 0.63 -> 0.46, median of 5 rounds; Qwen2.5-1.5B's forward over
-// 2 / 4 tokens 65.5 / 85.2 -> 48.0 / 61.5 ms; docs/benchmarks.md). A matrix that stays in L2 / L3 (the
-// chunk-by-chunk walk) keeps L1: with L2 there SmolLM2's forward over 16 tokens went 26.3 ->
-// 29.9 ms. MLXCEL_QPREFETCH_L1=1 takes L1 everywhere (the Intel AMX guest was tuned with it);
-// arm64 keeps L1 (not measured there). The choice travels in bit 0 of `ahead` (PREFETCH_TO_L2),
-// which is otherwise even (unit sizes are).
+// Which cache the weights' software prefetches fill. A matrix over 1 MB, which streams from memory,
+// prefetches into L2 on x86 (prefetcht2): into L1 (prefetcht0) each line held one of the core's few
+// L1 miss buffers from the prefetch to the load, which capped a one-row product's read at 12-15
+// GB/s on Zen 4 against 24 for a plain streaming read (Q6_K 8960 x 1536 at one row 0.91 -> 0.59
+// ms, Q4_K 1536 x 8960 0.63 -> 0.46, median of 5 rounds; Qwen2.5-1.5B's forward over 2 / 4 tokens
+// 65.5 / 85.2 -> 48.0 / 61.5 ms; docs/benchmarks.md). A smaller matrix, which may stay in L2 / L3,
+// keeps L1: with L2 there too SmolLM2's forward over 16 tokens went 26.3 -> 29.9 ms.
+// MLXCEL_QPREFETCH_L1=1 takes L1 everywhere (the Intel AMX guest was tuned with it); arm64 keeps
+// L1 (not measured there). The choice travels in bit 0 of `ahead` (PREFETCH_TO_L2), which is
+// otherwise even (unit sizes are).
 constexpr size_t PREFETCH_TO_L2 = 1;
 
 static inline bool prefetch_into_l1() {
@@ -284,7 +284,10 @@ static void walk(const Layout& l, const uint8_t* packed, int n, int k, const XQu
   const size_t dist = size_t(std::max(0, prefetch_distance()));
   const size_t next = dist ? tb : 0;
   const size_t later = Traits<T>::kq || T == Q6_K ? dist & ~PREFETCH_TO_L2 : 0;
-  const size_t streamed = next && !prefetch_into_l1() ? next | PREFETCH_TO_L2 : next;
+  // L2 for a matrix over TILE_ORDER_BYTES as a whole, whatever this thread's share of it (with two
+  // threads Qwen's 1536 x 1536 halves walk chunk by chunk, from memory all the same).
+  const bool big = tb * size_t(n_tiles(n)) > TILE_ORDER_BYTES;
+  const size_t streamed = next && big && !prefetch_into_l1() ? next | PREFETCH_TO_L2 : next;
   for (int b0 = 0; b0 < m; b0 += ROW_BLOCK) {
     const int b1 = std::min(m, b0 + ROW_BLOCK);
     if (by_tile) {
@@ -295,7 +298,7 @@ static void walk(const Layout& l, const uint8_t* packed, int n, int k, const XQu
       for (int r0 = b0; r0 < b1; r0 += STEP)
         for (int t = t0; t < t1; ++t)
           CHUNK(l, packed + size_t(t) * tb, units, n, x, r0, std::min(STEP, b1 - r0), out, t,
-                r0 == b0 ? next : later);
+                r0 == b0 ? streamed : later);
     }
   }
 }
