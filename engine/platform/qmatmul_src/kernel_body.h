@@ -109,7 +109,8 @@ static void tile_rows(const Layout& l, const uint8_t* tile, int units, const XQu
         w[4] = V::or_high2<0>(w[4], h1); w[5] = V::or_high2<1>(w[5], h1);
         w[6] = V::or_high2<2>(w[6], h1); w[7] = V::or_high2<3>(w[7], h1);
       }
-      // The offset (u - offset) is folded into the min term: M = -offset * scale.
+      // Q4_0 / Q8_0 fold the offset (u - offset) into the min term, M = -offset * scale; Q6_K
+      // subtracts it in the integer sums (the row loop below).
       typename V::vf S, S2, M;
       if constexpr (T == Q4_0 || T == Q8_0) {
         S = V::half(unit + 2 * lane0);
