@@ -264,6 +264,43 @@ static XQuant chunked_rows(const XQuant& x, int m, int step) {
   return XQuant{q.data(), d.data(), s.data(), ds.data(), x.k};
 }
 
+// One row through the two-row code, its second row a copy of the first, and stored once. On Zen 4
+// the one-row code read its weights slower than the two-row code read the same weights for two
+// rows: the 151936 x 1536 Q6_K head 9.0 ms at one row, 7.4 at two, Q4_K 8960 x 1536 0.43 and
+// 0.37 ms; one row as a pair took 7.3-7.9 and 0.32-0.38 (three alternating rounds, streamed from
+// memory). A row's operations do not depend on the chunk's width, so its bits are the one-row
+// code's. Why was not found. Only for a matrix over 1 MB, which streams from memory: there the
+// copy's compute is free while the read is the bound.
+#ifndef ONE_ROW_AS_PAIR
+#define ONE_ROW_AS_PAIR 0
+#endif
+template <int T>
+static void one_row_as_pair(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& x, float* out,
+                            int t0, int t1, size_t ahead) {
+  const int nb = x.blocks();
+  static thread_local std::vector<int8_t> q;
+  static thread_local std::vector<float> d, ds;
+  static thread_local std::vector<int32_t> s;
+  q.resize(size_t(2) * k), d.resize(2 * nb), s.resize(4 * nb), ds.resize(6 * nb);
+  for (int kb = 0; kb < nb; ++kb)
+    for (int r = 0; r < 2; ++r) {  // [block][row][32], as chunked_rows lays out two rows
+      const size_t to = size_t(kb) * 2 + r;
+      std::memcpy(&q[to * 32], x.q + size_t(kb) * 32, 32);
+      d[to] = x.d[kb];
+      s[2 * to] = x.s[2 * kb], s[2 * to + 1] = x.s[2 * kb + 1];
+      for (int j = 0; j < 3; ++j) ds[3 * to + j] = x.ds[3 * kb + j];
+    }
+  const XQuant pair{q.data(), d.data(), s.data(), ds.data(), k};
+  const size_t tb = tile_bytes(l, k);
+  const int units = k / l.group;
+  alignas(64) float buf[2 * TILE];
+  for (int t = t0; t < t1; ++t) {
+    for (int slice = 0; slice < TILE / V::L; ++slice)
+      tile_rows<T, 2>(l, packed + size_t(t) * tb, units, pair, 0, slice, buf, TILE, ahead);
+    std::memcpy(out + t * TILE, buf, sizeof(float) * std::min(TILE, n - t * TILE));
+  }
+}
+
 // Rows [r0, r0 + rows) of one tile into out (chunk, or another unit's chunk of its own).
 using ChunkFn = void (*)(const Layout&, const uint8_t*, int, int, const XQuant&, int, int, float*, int, size_t);
 
@@ -289,6 +326,7 @@ static void walk(const Layout& l, const uint8_t* packed, int n, int k, const XQu
   // threads Qwen's 1536 x 1536 halves walk chunk by chunk, from memory all the same).
   const bool big = tb * size_t(n_tiles(n)) > TILE_ORDER_BYTES;
   const size_t streamed = next && big && !prefetch_into_l1() ? next | PREFETCH_TO_L2 : next;
+  if (ONE_ROW_AS_PAIR && m == 1 && big) return one_row_as_pair<T>(l, packed, n, k, rows, out, t0, t1, streamed);
   for (int b0 = 0; b0 < m; b0 += ROW_BLOCK) {
     const int b1 = std::min(m, b0 + ROW_BLOCK);
     if (by_tile) {
