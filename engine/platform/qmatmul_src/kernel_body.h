@@ -277,20 +277,18 @@ static XQuant chunked_rows(const XQuant& x, int m, int step) {
 template <int T>
 static void one_row_as_pair(const Layout& l, const uint8_t* packed, int n, int k, const XQuant& x, float* out,
                             int t0, int t1, size_t ahead) {
-  const int nb = x.blocks();
-  static thread_local std::vector<int8_t> q;
+  const size_t nb = x.blocks();
+  static thread_local std::vector<int8_t> q;  // the row twice, laid out as two rows by chunked_rows
   static thread_local std::vector<float> d, ds;
   static thread_local std::vector<int32_t> s;
-  q.resize(size_t(2) * k), d.resize(2 * nb), s.resize(4 * nb), ds.resize(6 * nb);
-  for (int kb = 0; kb < nb; ++kb)
-    for (int r = 0; r < 2; ++r) {  // [block][row][32], as chunked_rows lays out two rows
-      const size_t to = size_t(kb) * 2 + r;
-      std::memcpy(&q[to * 32], x.q + size_t(kb) * 32, 32);
-      d[to] = x.d[kb];
-      s[2 * to] = x.s[2 * kb], s[2 * to + 1] = x.s[2 * kb + 1];
-      for (int j = 0; j < 3; ++j) ds[3 * to + j] = x.ds[3 * kb + j];
-    }
-  const XQuant pair{q.data(), d.data(), s.data(), ds.data(), k};
+  q.resize(2 * size_t(k)), d.resize(2 * nb), s.resize(4 * nb), ds.resize(6 * nb);
+  for (int r = 0; r < 2; ++r) {
+    std::memcpy(q.data() + r * size_t(k), x.q, size_t(k));
+    std::memcpy(d.data() + r * nb, x.d, nb * sizeof(float));
+    std::memcpy(s.data() + r * 2 * nb, x.s, 2 * nb * sizeof(int32_t));
+    std::memcpy(ds.data() + r * 3 * nb, x.ds, 3 * nb * sizeof(float));
+  }
+  const XQuant pair = chunked_rows(XQuant{q.data(), d.data(), s.data(), ds.data(), k}, 2, 2);
   const size_t tb = tile_bytes(l, k);
   const int units = k / l.group;
   alignas(64) float buf[2 * TILE];
