@@ -23,9 +23,10 @@ import time
 
 from extension_builds import add_build_arguments, parse_builds, use_build  # scripts/ is on the path
 
-# (label, ggml type, n, k): SmolLM2's MLP and head, Qwen2.5-1.5B's MLP down and attention.
+# (label, ggml type, n, k): SmolLM2's MLP and head, Qwen2.5-1.5B's MLP gate / up, attention and MLP down.
 SHAPES = [("1536x576 Q4_1", 3, 1536, 576), ("49152x576 Q8_0 (head)", 8, 49152, 576),
-          ("8960x1536 Q4_K", 12, 8960, 1536), ("1536x1536 Q6_K", 14, 1536, 1536)]
+          ("8960x1536 Q4_K", 12, 8960, 1536), ("1536x1536 Q6_K", 14, 1536, 1536),
+          ("1536x8960 Q6_K", 14, 1536, 8960)]
 ROWS = (1, 2, 4, 8, 16)
 CACHE_BYTES = 96 << 20
 
