@@ -19,6 +19,8 @@ Arms (each at every ``--threads`` count T):
   every step's tokens read back before the next step is built, ``server/runtime/run_ahead.py``).
 * ``mlxcel-layer-ops``: the same server with ``MLXCEL_FUSED_LAYER=0`` (each decoder layer of the
   ragged step as its separate primitives, not the two layer primitives of ``qmatmul_src/layer.h``).
+* ``mlxcel+VAR=VALUE[+VAR=VALUE...]``: the same server with those environment variables set (a
+  runtime knob against the default in one run, e.g. ``mlxcel+MLXCEL_KERNEL_WORKERS=normal``).
 * ``mlxcel-base``: the same server from another source tree (``--base-tree DIR``, e.g. main's:
   ``git -C <main> archive HEAD | tar -x -C DIR``, with the built extension copied into
   ``DIR/engine/platform``), imported ahead of this checkout's: a before / after in one run.
@@ -246,12 +248,14 @@ def main() -> None:
                            "--host", "127.0.0.1", "--port", port]
                     arms.append(Server(name, cmd, env, log))
                 elif kind in ("mlxcel", "mlxcel-no-sgemv", "mlxcel-f32", "mlxcel-no-ahead", "mlxcel-layer-ops",
-                              "mlxcel-base"):
+                              "mlxcel-base") or kind.startswith("mlxcel+"):
                     cmd = [sys.executable, "-m", "mlxcel.server.cli", "-m", model, "-np", str(args.clients),
                            "-c", str(2048 * args.clients), "-t", str(t), "--host", "127.0.0.1", "--port", port]
                     env = child_env(t, kind != "mlxcel-no-sgemv", "float32" if kind == "mlxcel-f32" else None)
                     if kind == "mlxcel-no-ahead":
                         env["MLXCEL_RUN_AHEAD"] = "0"
+                    if kind.startswith("mlxcel+"):  # mlxcel+VAR=VALUE[+VAR=VALUE...]
+                        env.update(kv.split("=", 1) for kv in kind.split("+")[1:])
                     if kind == "mlxcel-layer-ops":
                         env["MLXCEL_FUSED_LAYER"] = "0"
                     if kind == "mlxcel-base":
