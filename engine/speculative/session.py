@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -173,14 +173,17 @@ class SpeculativeSession:
             says (``acceptance.synthetic_accept``); the output is then not the target's.
         grammar: the sequence's grammar matcher when the request is constrained. The session never
             advances it: whoever records the emitted tokens does.
+        ends: the tokens whose emission ends the sequence (its EOS ids; none when the request ignores
+            EOS). A block keeps no draft behind the first of them (``verify.prepare_round``).
     """
 
     def __init__(self, drafter: Drafter, params: SamplerParams, *, n_max: int, n_min: int = 0,
                  stochastic: bool | None = None, diagnostics: bool = False, kind: str | None = None,
                  synth_probs: Sequence[float] = (), grammar: GrammarMatcher | None = None,
-                 declined: str | None = None):
+                 declined: str | None = None, ends: Iterable[int] = ()):
         self.params = params
         self.grammar = grammar
+        self.ends = frozenset(int(t) for t in ends)
         reason = declined or decline_reason(drafter, params)
         self.declined_because = reason  # None: the session speculates
         self.declined = reason is not None
@@ -262,7 +265,7 @@ class SpeculativeSession:
         rest). The caller appends the emitted tokens it keeps and calls :meth:`record`."""
         return verify_round(model, cache, chain, self.drafter, sequence, rule=self.rule, k=self.block(remaining),
                             seed=self.seed, diagnostics=self.diagnostics, synth_probs=self.synth_probs,
-                            grammar=self.grammar)
+                            grammar=self.grammar, ends=self.ends)
 
     @property
     def batchable(self) -> bool:
@@ -281,7 +284,7 @@ class SpeculativeSession:
         self._peeked = None
         if k == 0 and cap == 0 and self.drafter.peeks and self.block(remaining) > 0:
             self._peeked = self.drafter.peek(sequence)
-        return prepare_round(self.drafter, sequence, k, self.grammar)
+        return prepare_round(self.drafter, sequence, k, self.grammar, self.ends)
 
     def decide(self, prep: PreparedRound, logits: mx.array, chain: SamplerChain, sequence: Sequence[int],
                rewind) -> RoundResult:

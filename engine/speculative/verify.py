@@ -108,6 +108,7 @@ def verify_round(
     block_exact: bool | None = None,
     synth_probs: Sequence[float] = (),
     grammar: GrammarMatcher | None = None,
+    ends: frozenset[int] = frozenset(),
 ) -> RoundResult:
     """Run one round for ``sequence`` (whose last token is pending) and return what it emitted.
 
@@ -120,11 +121,12 @@ def verify_round(
     None asks the exactness probe when the drafter is ``probe_gated`` (and means one forward
     otherwise). ``synth_probs`` are the per-position probabilities of the benchmarking-only
     synthetic rule (``acceptance.synthetic_accept``). ``grammar`` constrains the round (module
-    docstring); it is left unchanged."""
+    docstring); it is left unchanged. ``ends``: the tokens whose emission ends the sequence (its EOS
+    ids, unless the request ignores EOS): no draft behind the first of them is scored."""
     model_drafter = drafter if isinstance(drafter, ModelDrafter) else None
     if model_drafter is not None and model_drafter.reads_target_cache and k > 0:
         model_drafter.read_target_cache(cache)
-    prep = prepare_round(drafter, sequence, k, grammar)
+    prep = prepare_round(drafter, sequence, k, grammar, ends)
     proposal, drafts, q, forbidden_q = prep.proposal, prep.drafts, prep.q, prep.forbidden_q
     position = prep.position
     layers = tuple(model_drafter.feature_layers) if model_drafter is not None else None
@@ -172,7 +174,7 @@ class PreparedRound:
     the block the target scores (``[pending, *drafts]``, the first at absolute ``position``)."""
 
     proposal: Proposal
-    proposed: list[int]  # every drafted token (a cut draft included)
+    proposed: list[int]  # every drafted token the round can use (a grammar-cut draft included; none past an end)
     drafts: list[int]  # what the forward scores
     q: mx.array | None
     forbidden_q: mx.array | None  # the q row of the cut draft
@@ -185,14 +187,20 @@ class PreparedRound:
 
 
 def prepare_round(drafter: Drafter, sequence: Sequence[int], k: int,
-                  grammar: GrammarMatcher | None = None) -> PreparedRound:
-    """Step 1 of a round: ask ``drafter`` for up to ``k`` drafts after ``sequence`` and cut them at
-    the first one ``grammar`` forbids (module docstring)."""
+                  grammar: GrammarMatcher | None = None, ends: frozenset[int] = frozenset()) -> PreparedRound:
+    """Step 1 of a round: ask ``drafter`` for up to ``k`` drafts after ``sequence``, keep none past
+    the first that ends the sequence (``ends``), and cut them at the first one ``grammar`` forbids
+    (module docstring)."""
     proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
     proposed = [int(t) for t in proposal.tokens]
     if len(proposed) > k:
         raise ValueError(f"the drafter proposed {len(proposed)} tokens for a block of {k}")
-    drafts, q, forbidden_q = proposed, proposal.q, None
+    q = proposal.q
+    end = _first_end(proposed, ends)
+    if end < len(proposed):
+        proposed = proposed[:end]
+        q = None if q is None else q[:end]
+    drafts, forbidden_q = proposed, None
     if grammar is not None and proposed:
         n = grammar.admissible(proposed)
         if n < len(proposed):  # drafts[n] is forbidden: rejected without a forward
@@ -200,6 +208,19 @@ def prepare_round(drafter: Drafter, sequence: Sequence[int], k: int,
             if q is not None:
                 forbidden_q, q = q[n], q[:n]
     return PreparedRound(proposal, proposed, drafts, q, forbidden_q, [int(sequence[-1]), *drafts], len(sequence))
+
+
+def _first_end(proposed: list[int], ends: frozenset[int]) -> int:
+    """How many of ``proposed`` a round can use: all of them, or up to and including the first token
+    of ``ends``. Emitting that token ends the sequence, so the drafts behind it could never be
+    emitted whatever the rule decides: the forward need not score them. (A prompt-lookup draft that
+    reaches the end of the copied text runs on into the chat template's closing tokens and whatever
+    follows them in the context; its drafts there would widen the round's forward for nothing.)"""
+    if ends:
+        for i, t in enumerate(proposed):
+            if t in ends:
+                return i + 1
+    return len(proposed)
 
 
 def decide_round(prep: PreparedRound, logits: mx.array, chain: SamplerChain, drafter: Drafter,
