@@ -18,8 +18,11 @@
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define MLXCEL_CLONES __attribute__((target_clones("avx2", "default")))
+// element-wise loops that gain from 16 lanes: the same operations in each clone (no contraction)
+#define MLXCEL_WIDE_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define MLXCEL_CLONES
+#define MLXCEL_WIDE_CLONES
 #endif
 
 namespace mlxcel_q {
@@ -65,44 +68,101 @@ View4 view4(const mx::array& a) {
 
 // ----------------------------------------------------------------------------- row code (rows.h)
 
+// The row code below splits its rows (element-wise ops: their elements) among the kernel threads
+// when a call has enough of them (a prompt chunk, a verify block; parallel_for keeps a one-token
+// call on the caller). Each row or element is computed by the same code whichever thread takes it,
+// so the bits do not depend on the split. Before, they ran on the evaluating thread alone while the
+// other kernel thread spun: SmolLM2's 122-token prefill spent about a quarter of its wall time so.
+// The cost estimates only decide how finely a call is cut.
+constexpr size_t NORM_COST = 8, SILU_COST = 32, ROPE_COST = 16;
+constexpr size_t SILU_SPAN = 4096;  // elements per unit of a threaded silu_times
+
 void rms_norm_rows(const float* x, const float* w, float* o, int d, int rows, float eps) {
-  for (int r = 0; r < rows; ++r) {
-    const float* xr = x + size_t(r) * d;
-    float ms = dot(xr, xr, d) / float(d);
-    float inv = 1.f / std::sqrt(ms + eps);
-    float* orow = o + size_t(r) * d;
-    for (int i = 0; i < d; ++i) orow[i] = (xr[i] * inv) * w[i];
-  }
+  auto norm = [=](int r0, int r1) {
+    for (int r = r0; r < r1; ++r) {
+      const float* xr = x + size_t(r) * d;
+      float ms = dot(xr, xr, d) / float(d);
+      float inv = 1.f / std::sqrt(ms + eps);
+      float* orow = o + size_t(r) * d;
+      for (int i = 0; i < d; ++i) orow[i] = (xr[i] * inv) * w[i];
+    }
+  };
+  if (rows <= 1) return norm(0, rows);
+  parallel_for(rows, size_t(rows) * d * NORM_COST, norm);
 }
 
-// silu(g) * x with the exp above.
-MLXCEL_CLONES void silu_times(const float* g, const float* x, float* o, size_t n) {
+namespace {
+
+// silu(g) * x with the exp above, over [0, n).
+MLXCEL_WIDE_CLONES void silu_span(const float* g, const float* x, float* o, size_t n) {
   for (size_t i = 0; i < n; ++i) o[i] = (g[i] * (1.0f / (1.0f + exp_poly(-g[i])))) * x[i];
+}
+
+// cos and sin of every rotated pair at each of `n` positions ([n][half][2]), kept for the next call
+// at the same positions: a forward's layers all rotate at the step's positions, so they are computed
+// once a step (same values, same bits) instead of twice a layer (q and k).
+struct RopeTable {
+  std::vector<int32_t> pos;
+  int dims = 0;
+  float base = 0.f, scale = 0.f;
+  std::vector<float> cs;
+};
+
+const float* rope_table(const int32_t* pos, int N, int dims, float base, float scale) {
+  static thread_local RopeTable t;
+  const int half = dims / 2;
+  if (t.dims == dims && t.base == base && t.scale == scale && t.pos.size() == size_t(N) &&
+      std::equal(pos, pos + N, t.pos.begin()))
+    return t.cs.data();
+  t.pos.assign(pos, pos + N);
+  t.dims = dims, t.base = base, t.scale = scale;
+  t.cs.resize(size_t(N) * half * 2);
+  float* cs = t.cs.data();
+  parallel_for(N, size_t(N) * half * ROPE_COST * 4, [=](int n0, int n1) {
+    for (int n = n0; n < n1; ++n)
+      for (int i = 0; i < half; ++i) {
+        float inv = std::pow(base, -float(2 * i) / float(dims));
+        float theta = float(pos[n]) * scale * inv;
+        cs[(size_t(n) * half + i) * 2] = std::cos(theta);
+        cs[(size_t(n) * half + i) * 2 + 1] = std::sin(theta);
+      }
+  });
+  return cs;
+}
+
+}  // namespace
+
+void silu_times(const float* g, const float* x, float* o, size_t n) {
+  const size_t units = (n + SILU_SPAN - 1) / SILU_SPAN;
+  if (units <= 1) return silu_span(g, x, o, n);
+  parallel_for(int(units), n * SILU_COST, [=](int u0, int u1) {
+    const size_t a = size_t(u0) * SILU_SPAN, b = std::min(n, size_t(u1) * SILU_SPAN);
+    silu_span(g + a, x + a, o + a, b - a);
+  });
 }
 
 void rope_positions_rows(const float* xp, int64_t s0, int64_t s1, int64_t s2, const int32_t* pos, float* op, int N,
                          int H, int D, int dims, bool trad, float base, float scale) {
   const int half = dims / 2;
-  std::vector<float> cs(size_t(half) * 2);
-  for (int n = 0; n < N; ++n) {
-    for (int i = 0; i < half; ++i) {
-      float inv = std::pow(base, -float(2 * i) / float(dims));
-      float theta = float(pos[n]) * scale * inv;
-      cs[size_t(i) * 2] = std::cos(theta);
-      cs[size_t(i) * 2 + 1] = std::sin(theta);
-    }
-    for (int h = 0; h < H; ++h) {
-      const float* xr = xp + n * s0 + h * s1;
-      float* o = op + (size_t(n) * H + h) * D;
-      for (int i = 0; i < half; ++i) {
-        int i1 = trad ? 2 * i : i, i2 = trad ? 2 * i + 1 : i + half;
-        float x1 = xr[i1 * s2], x2 = xr[i2 * s2];
-        o[i1] = x1 * cs[2 * i] - x2 * cs[2 * i + 1];
-        o[i2] = x1 * cs[2 * i + 1] + x2 * cs[2 * i];
+  const float* table = rope_table(pos, N, dims, base, scale);
+  auto rotate = [=](int n0, int n1) {
+    for (int n = n0; n < n1; ++n) {
+      const float* cs = table + size_t(n) * half * 2;
+      for (int h = 0; h < H; ++h) {
+        const float* xr = xp + n * s0 + h * s1;
+        float* o = op + (size_t(n) * H + h) * D;
+        for (int i = 0; i < half; ++i) {
+          int i1 = trad ? 2 * i : i, i2 = trad ? 2 * i + 1 : i + half;
+          float x1 = xr[i1 * s2], x2 = xr[i2 * s2];
+          o[i1] = x1 * cs[2 * i] - x2 * cs[2 * i + 1];
+          o[i2] = x1 * cs[2 * i + 1] + x2 * cs[2 * i];
+        }
+        for (int i = dims; i < D; ++i) o[i] = xr[i * s2];
       }
-      for (int i = dims; i < D; ++i) o[i] = xr[i * s2];
     }
-  }
+  };
+  if (N <= 1) return rotate(0, N);
+  parallel_for(N, size_t(N) * H * D * ROPE_COST, rotate);
 }
 
 namespace {

@@ -1,5 +1,6 @@
 #include "layer.h"
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -26,10 +27,25 @@ const T* rows_of(const mx::array& a, std::vector<T>& buf) {
   return buf.data();
 }
 
+// Rows split among the kernel threads when a call has enough of them, as the row code does (rows.h).
+void over_rows(int rows, int cols, const std::function<void(int, int)>& fn) {
+  if (rows <= 1) return fn(0, rows);
+  parallel_for(rows, size_t(rows) * cols * 4, fn);
+}
+
 // y[r, j] += b[j] over rows x cols (MLX's broadcast add of a bias: one float addition per element).
 void add_bias(float* y, const float* b, int rows, int cols) {
-  for (int r = 0; r < rows; ++r)
-    for (int j = 0; j < cols; ++j) y[size_t(r) * cols + j] += b[j];
+  over_rows(rows, cols, [=](int r0, int r1) {
+    for (int r = r0; r < r1; ++r)
+      for (int j = 0; j < cols; ++j) y[size_t(r) * cols + j] += b[j];
+  });
+}
+
+// o = a + b over rows x cols (the residual additions).
+void add_rows(const float* a, const float* b, float* o, int rows, int cols) {
+  over_rows(rows, cols, [=](int r0, int r1) {
+    for (size_t i = size_t(r0) * cols; i < size_t(r1) * cols; ++i) o[i] = a[i] + b[i];
+  });
 }
 
 // The evaluation's scratch, reused call to call on the stream thread that evaluates.
@@ -166,7 +182,7 @@ class LayerOutP : public mx::UnaryPrimitive {
       products_into(a, n, nq, false, flat2(n, nq), strides2(nq), {wo}, {p.o_type}, {p.o_group}, {K}, {r});
       if (!ob.empty()) add_bias(r, rows_of(ob[0], s.b0), n, K);
       float* h1 = LayerScratch::fit(s.h1, size_t(n) * K);
-      for (size_t i = 0; i < size_t(n) * K; ++i) h1[i] = hp[i] + r[i];
+      add_rows(hp, r, h1, n, K);
       float* x = LayerScratch::fit(s.x, size_t(n) * K);
       rms_norm_rows(h1, w2, x, K, n, p.eps2);
       float* g = LayerScratch::fit(s.g, size_t(n) * F);
@@ -177,7 +193,7 @@ class LayerOutP : public mx::UnaryPrimitive {
       products_into(g, n, F, false, flat2(n, F), strides2(F), {wd}, {p.down_type}, {p.down_group}, {K},
                     {r});
       if (!db.empty()) add_bias(r, rows_of(db[0], s.b1), n, K);
-      for (size_t i = 0; i < size_t(n) * K; ++i) op[i] = h1[i] + r[i];
+      add_rows(h1, r, op, n, K);
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }

@@ -334,26 +334,32 @@ void quantize_rows(const float* x, int m, int k, Scratch& sc) {
   sc.s.resize(size_t(m) * nb * 2);
   sc.ds.resize(size_t(m) * nb * 3);
   const bool vec = vector_quantizer();
-  for (int r = 0; r < m; ++r)
-    for (int b = 0; b < nb; ++b) {
-      const size_t i = size_t(r) * nb + b;
-      const float* xb = x + size_t(r) * k + b * 32;
-      int8_t* q = sc.q.data() + size_t(r) * k + b * 32;
-      int32_t lo, hi;
-      float d;
+  auto rows = [&](int r0, int r1) {
+    for (int r = r0; r < r1; ++r)
+      for (int b = 0; b < nb; ++b) {
+        const size_t i = size_t(r) * nb + b;
+        const float* xb = x + size_t(r) * k + b * 32;
+        int8_t* q = sc.q.data() + size_t(r) * k + b * 32;
+        int32_t lo, hi;
+        float d;
 #if defined(__x86_64__) || defined(_M_X64)
-      if (vec) quantize_block_avx512(xb, q, &d, &lo, &hi);
-      else
+        if (vec) quantize_block_avx512(xb, q, &d, &lo, &hi);
+        else
 #endif
-        quantize_block(xb, q, &d, &lo, &hi);
-      sc.d[i] = d;
-      sc.s[2 * i] = lo;
-      sc.s[2 * i + 1] = hi;
-      float* ds = sc.ds.data() + 3 * i;
-      ds[0] = d * float(lo);
-      ds[1] = d * float(hi);
-      ds[2] = d * float(lo + hi);
-    }
+          quantize_block(xb, q, &d, &lo, &hi);
+        sc.d[i] = d;
+        sc.s[2 * i] = lo;
+        sc.s[2 * i + 1] = hi;
+        float* ds = sc.ds.data() + 3 * i;
+        ds[0] = d * float(lo);
+        ds[1] = d * float(hi);
+        ds[2] = d * float(lo + hi);
+      }
+  };
+  // Rows are independent: a wide call (a prompt chunk, a verify block) splits them among the kernel
+  // threads, the same bits whichever thread takes a row.
+  if (m <= 1) return rows(0, m);
+  parallel_for(m, size_t(m) * k * 8, rows);
 }
 
 // The rows of a strided x (a transposed view read in place) gathered: one copy per run of the

@@ -143,3 +143,42 @@ def test_without_the_kernels_the_float32_path_runs_and_says_so(packed_tiny, tmp_
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120).stdout
     assert "PACKED False" in out
     assert out.count("CPU quantized kernels unavailable (MLXCEL_CPU_KERNELS=0)") == 1
+
+
+def test_wide_row_code_gives_the_same_bits_split_among_threads():
+    """The norm, rope, SwiGLU and activation quantization of a wide call (a prompt chunk) split their
+    rows among the kernel threads: every row, or element, the bits one thread gives."""
+    ext = qmatmul.extension()
+    x = mx.random.normal((200, 3, 64), key=mx.random.key(7)) * 3
+    w = mx.random.normal((192,), key=mx.random.key(8))
+    gate = mx.random.normal((200, 1536), key=mx.random.key(9)) * 6
+    up = mx.random.normal((200, 1536), key=mx.random.key(10))
+    positions = mx.array([(i * 7) % 301 for i in range(200)], dtype=mx.int32)
+    raw = mx.random.randint(0, 256, (1536, 6 * 20), key=mx.random.key(11)).astype(mx.uint8)  # Q4_1: 20 B a block
+    raw = raw.reshape(1536, 6, 20)
+    scales = (mx.random.normal((1536, 6, 2), key=mx.random.key(12)) * 0.02).astype(mx.float16).view(mx.uint8)
+    raw = mx.concatenate([scales, raw[..., 4:]], axis=-1).reshape(1536, -1)
+    packed = qmatmul.pack_gguf(raw, 3, 1536, 192)
+
+    def outputs():
+        flat = x.reshape(200, 192)
+        out = [ext.rms_norm(flat, w, 1e-5), ext.rope_positions(x, positions, 48, False, 10000.0, 1.0),
+               ext.rope_positions(x, positions[::-1], 64, True, 500.0, 0.5), ext.swiglu(gate, up),
+               qmatmul.qmatmul(flat, packed)]
+        mx.eval(out)
+        return out
+
+    before = qmatmul.set_thread_split(1, 0)
+    threads = ext.num_threads()
+    try:
+        qmatmul.set_threads(1)
+        alone = outputs()
+        qmatmul.set_threads(2)
+        split = outputs()
+    finally:
+        qmatmul.set_threads(threads)
+        qmatmul.set_thread_split(*before)
+    for a, b in zip(alone, split, strict=True):
+        assert mx.array_equal(a, b).item()
+    assert close(alone[0], mx.fast.rms_norm(x.reshape(200, 192), w, 1e-5))
+    assert close(alone[3], nn.silu(gate) * up)
