@@ -31,6 +31,15 @@ step ceiling (``step_ceiling``: the most the mix's own acceptances allow, whatev
 serving (``MLXCEL_VERIFY_COST=learn``), against ``lookup``'s load-time one.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py --concurrent [--max-tokens 96]
+
+``--sustained SECONDS`` (with ``--concurrent``) keeps the clients busy instead: each sends its prompt
+again as soon as its answer arrives, for SECONDS, and the aggregate is the tokens answered inside that
+window over the window. One request a client measures how long the mix's slowest client takes (its
+wall time ends with the last answer, however early the others finished); a server with clients that
+keep asking is measured by what it serves per second, which is what this mode reports. The step
+ceiling is then the mean over the clients of ``n / (n - accepted)``.
+
+    ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py --concurrent --sustained 20
 """
 
 from __future__ import annotations
@@ -177,7 +186,42 @@ def step_ceiling(results: list[dict]) -> float:
     token of the target's own, and each accepted draft one more). The ratio of the longest plain
     client to the longest speculating one bounds the aggregate speed-up, whatever the machinery:
     wider forwards cost more, and prefill, equal in both arms, only pulls the ratio towards 1."""
+    if any("client" in r for r in results):  # --sustained: each client runs at its own pace
+        return sustained_ceiling(results)
     return max(r["n"] for r in results) / max(max(r["n"] - r["accepted"] for r in results), 1)
+
+
+def sustained_ceiling(results: list[dict]) -> float:
+    """:func:`step_ceiling` under ``--sustained``: each client re-sends at its own pace, so with free
+    verify forwards client ``i`` would emit ``n / (n - accepted)`` tokens a step where plainly it emits
+    one, and the aggregate ratio is the mean of that over the clients (each client's requests averaged)."""
+    per_client: dict[str, list[float]] = {}
+    for r in results:
+        per_client.setdefault(r["client"], []).append(r["n"] / max(r["n"] - r["accepted"], 1))
+    return sum(sum(v) / len(v) for v in per_client.values()) / max(len(per_client), 1)
+
+
+def sustained(url: str, names: list[str], max_tokens: int, seconds: float) -> tuple[float, list[dict]]:
+    """``--sustained``: each client sends its prompt again as soon as its answer arrives, for ``seconds``;
+    the aggregate is the completion tokens of the requests answered inside the window over the window
+    (a request still running at its end is awaited and not counted). Returns it and every counted
+    request's result."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+
+    def client(name: str) -> list[dict]:
+        done = []
+        while time.perf_counter() < deadline:
+            r = request(url, WORKLOADS[name], max_tokens, {})
+            if time.perf_counter() <= deadline:
+                done.append({**r, "client": name})
+        return done
+
+    with ThreadPoolExecutor(len(names)) as pool:
+        results = [r for rs in pool.map(client, names) for r in rs]
+    return sum(r["n"] for r in results) / seconds, results
 
 
 def concurrent(args, model_args) -> int:
@@ -222,11 +266,14 @@ def concurrent(args, model_args) -> int:
             for m, (mix, names) in enumerate(mixes.items()):
                 shift = (rep + m) % len(arms)
                 for arm in arms[shift:] + arms[:shift]:
-                    t0 = time.perf_counter()
-                    with ThreadPoolExecutor(len(names)) as pool:
-                        results = list(pool.map(lambda n: request(urls[arm], WORKLOADS[n], args.max_tokens, {}),
-                                                names))
-                    tps = sum(r["n"] for r in results) / (time.perf_counter() - t0)
+                    if args.sustained:
+                        tps, results = sustained(urls[arm], names, args.max_tokens, args.sustained)
+                    else:
+                        t0 = time.perf_counter()
+                        with ThreadPoolExecutor(len(names)) as pool:
+                            results = list(pool.map(lambda n: request(urls[arm], WORKLOADS[n], args.max_tokens, {}),
+                                                    names))
+                        tps = sum(r["n"] for r in results) / (time.perf_counter() - t0)
                     if tps > best.get((mix, arm), 0.0):
                         best[(mix, arm)], best_results[(mix, arm)] = tps, results
                     counts = per_round.setdefault((mix, arm), [0, 0])
@@ -236,7 +283,9 @@ def concurrent(args, model_args) -> int:
     finally:
         for server in servers.values():
             server.stop()
-    print(f"SmolLM2-135M-Instruct (or -m), greedy, {args.max_tokens} tokens a client, best of {args.repeats}; "
+    how = (f"sustained: each client re-sends for {args.sustained:g} s, tokens answered inside the window / the window"
+           if args.sustained else "one request a client, tokens / the time to the last answer")
+    print(f"SmolLM2-135M-Instruct (or -m), greedy, {args.max_tokens} tokens a request, {how}, best of {args.repeats}; "
           f"load average {load:.2f} before the run\n")
     others = [a for a in arms if a != "plain"]
     print("| mix | clients | " + " | ".join(f"{a} tok/s" for a in arms) + " | "
@@ -272,6 +321,9 @@ def main() -> int:
                     "(MLXCEL_TRACE_STEPS, read with scripts/trace_steps.py)")
     ap.add_argument("--mixes", default=None, help="with --concurrent: comma-separated subset of " + ",".join(MIXES))
     ap.add_argument("--concurrent", action="store_true", help="clients sending together (module docstring)")
+    ap.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
+                    help="with --concurrent: each client keeps sending for SECONDS (aggregate over the window) "
+                         "instead of one request a client over the time to the last answer")
     args = ap.parse_args()
     if args.concurrent:
         os.environ.setdefault("MLXCEL_LOG", "warning")
