@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxcel.engine.platform.argmax import argmax_last
 from mlxcel.engine.sampling.chain import SamplerChain, StageValues, distribution_rows, draw_rows, position_keys
 from mlxcel.engine.sampling.xtc import xtc_coins
 
@@ -136,7 +137,7 @@ def pick_draws(draws: Sequence[Draw]) -> list[mx.array | Exception]:
     out: list = [None] * len(draws)
     argmax, sampled = _group(draws, out, by_argmax=True)
     for i, x in argmax:  # an argmax needs no stacking: one reduction per row, no copy
-        out[i] = x.argmax(axis=-1).astype(mx.int32)
+        out[i] = argmax_last(x).astype(mx.int32)
     def tokens(shape, run):
         probs, counts = _probs(draws, shape, run)
         keys = _stack([position_keys(draws[i].seed, draws[i].first_position, n) for (i, _), n in zip(run, counts)])

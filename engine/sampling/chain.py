@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxcel.engine.platform.argmax import argmax_last
 from mlxcel.engine.sampling.dry import DryBreakers, apply_dry, breakers_from_strings, dry_enabled
 from mlxcel.engine.sampling.filters import (
     NEG_INF,
@@ -156,7 +157,7 @@ class SamplerChain:
         a draw from p with the key of the row's absolute position (``first_position + i``). Lazy,
         so a decode loop can queue the next forward on it before reading it back."""
         if self.greedy:
-            return self.adjusted_logits(logits, history, appended, allowed).argmax(axis=-1)
+            return argmax_last(self.adjusted_logits(logits, history, appended, allowed))
         probs = self.distribution(logits, history, appended, seed, first_position, allowed)
         return sample_rows(probs, seed, first_position)
 

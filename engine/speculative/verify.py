@@ -51,6 +51,7 @@ import mlx.core as mx
 
 from mlxcel.engine.decode.kv_cache import rewind
 from mlxcel.engine.decode.recurrent import StateTape
+from mlxcel.engine.platform.argmax import argmax_last
 from mlxcel.engine.sampling.chain import SamplerChain, sample
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.sampling.random_keys import position_key
@@ -275,7 +276,7 @@ def _decide(rule, chain, logits, sequence, drafts, q, seed, position, synth_prob
         # The very call plain decoding makes, one row per position: same choice, same key.
         outcome = walk_chain(chain.select(logits, sequence, drafts, seed, position, allowed), drafts)
     elif rule == ARGMAX_AGAINST_ARGMAX:
-        choices = chain.adjusted_logits(logits, sequence, drafts, allowed).argmax(axis=-1).tolist()
+        choices = argmax_last(chain.adjusted_logits(logits, sequence, drafts, allowed)).tolist()
         outcome = walk_chain(choices, drafts)
     elif rule == STOCHASTIC:
         p = chain.distribution(logits, sequence, drafts, seed, position, allowed)
@@ -337,7 +338,7 @@ def _row_verdict(rule, chain, row, history, draft, q_row, seed, position, allowe
             return True, None
         return False, sample(residual_distribution(p, q_row), position_key(seed, position, RESIDUAL_STREAM))
     if rule == ARGMAX_AGAINST_ARGMAX:
-        choice = int(chain.adjusted_logits(row, history, (), allowed).argmax(axis=-1).item())
+        choice = int(argmax_last(chain.adjusted_logits(row, history, (), allowed)).item())
     elif rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
         choice = chain.select(row, history, (), seed, position, allowed)[0]
     else:

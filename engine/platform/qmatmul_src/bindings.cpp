@@ -105,6 +105,7 @@ NB_MODULE(_qmatmul, m) {
         "MLX affine (uint32 weight, scales, biases) -> packed");
   m.def("repack_float", &repack_float, "w"_a, "n"_a, "k"_a, "float W[n, k] (any float dtype) -> packed float32 tiles");
   m.def("swiglu", &mlxcel_q::swiglu, "gate"_a, "x"_a);
+  m.def("argmax_rows", &mlxcel_q::argmax_rows, "x"_a);
   m.def("rms_norm", &mlxcel_q::rms_norm, "x"_a, "weight"_a, "eps"_a);
   m.def("rope", &mlxcel_q::rope, "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a, "offset"_a);
   m.def("attention", &mlxcel_q::attention, "q"_a, "k"_a, "v"_a, "scale"_a, "causal"_a);

@@ -39,4 +39,8 @@ mx::array ragged_attention(const mx::array& q, const mx::array& k, const mx::arr
 mx::array rope_positions(const mx::array& x, const mx::array& positions, int dims, bool traditional, float base,
                          float scale);
 
+// Each row's index of its largest value (x[..., n] -> uint32 [...]), exactly MLX's argmax over the
+// last axis (argmax.cpp): the same answer with NaNs, infinities and ties.
+mx::array argmax_rows(const mx::array& x);
+
 }  // namespace mlxcel_q
