@@ -280,6 +280,11 @@ def concurrent(args, model_args) -> int:
                     counts[0] += sum(r["drafted"] for r in results)
                     counts[1] += sum(r["rounds"] for r in results)
                     print(f"  rep {rep} {mix:12s} {arm:8s} aggregate {tps:6.1f} tok/s", file=sys.stderr)
+                    if args.sustained:  # what each client got (a mix may name a workload twice)
+                        per = {}
+                        for r in results:
+                            per[r["client"]] = per.get(r["client"], 0) + r["n"] / args.sustained
+                        print("    " + ", ".join(f"{c} {v:.1f}" for c, v in per.items()), file=sys.stderr)
     finally:
         for server in servers.values():
             server.stop()
