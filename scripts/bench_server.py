@@ -67,11 +67,18 @@ def export_default_model(out: Path) -> Path:
 
     from mlxcel.engine.model.loading import load_model
 
-    os.environ["MLXCEL_WEIGHTS"] = "float32"  # float weights to export, not the CPU kernels' packed blocks
+    # float weights to export, neither the CPU kernels' packed blocks nor their float32 tiles
+    switches = {"MLXCEL_WEIGHTS": "float32", "MLXCEL_FLOAT_KERNEL": "0"}
+    saved = {k: os.environ.get(k) for k in switches}
+    os.environ.update(switches)
     try:
         loaded = load_model(None)
     finally:
-        del os.environ["MLXCEL_WEIGHTS"]
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     save_model(out, loaded.model)
     config = dict(loaded.config)
     config.pop("quantization", None)
