@@ -1,6 +1,7 @@
 #include "layer.h"
 
 #include <functional>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -18,8 +19,8 @@ mx::array i32(const mx::array& a) { return mx::astype(a, mx::int32, cpu()); }
 
 // An input's values in row order: its buffer when row-contiguous, else gathered into `buf` (the
 // builders leave inputs as they are: an mx::contiguous would add a primitive per input and call).
-template <class T>
-const T* rows_of(const mx::array& a, std::vector<T>& buf) {
+template <class T, class Alloc>
+const T* rows_of(const mx::array& a, std::vector<T, Alloc>& buf) {
   if (a.flags().row_contiguous) return a.data<T>();
   buf.resize(a.size());
   const T* p = a.data<T>();
@@ -48,11 +49,25 @@ void add_rows(const float* a, const float* b, float* o, int rows, int cols) {
   });
 }
 
+// Storage on 64-byte boundaries: the kernels' tile stores into the scratch (ops.h, set_aligned_data).
+template <class T>
+struct Aligned64 {
+  using value_type = T;
+  Aligned64() = default;
+  template <class U>
+  Aligned64(const Aligned64<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(64))); }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t(64)); }
+  template <class U>
+  bool operator==(const Aligned64<U>&) const { return true; }
+};
+using Floats = std::vector<float, Aligned64<float>>;
+
 // The evaluation's scratch, reused call to call on the stream thread that evaluates.
 struct LayerScratch {
-  std::vector<float> h, x, q, k, a, r, h1, g, u, w, b0, b1, b2;
+  Floats h, x, q, k, a, r, h1, g, u, w, b0, b1, b2;
   std::vector<int32_t> rows, pos;
-  static float* fit(std::vector<float>& v, size_t n) {
+  static float* fit(Floats& v, size_t n) {
     if (v.size() < n) v.resize(n);
     return v.data();
   }
@@ -94,7 +109,7 @@ class LayerInP : public mx::Primitive {
 
   // inputs: h, norm, positions, W_q, W_k, W_v[, b_q, b_k, b_v]; outputs q, k, v
   void eval_cpu(const std::vector<mx::array>& in, std::vector<mx::array>& out) override {
-    for (auto& o : out) o.set_data(mx::allocator::malloc(o.nbytes()));
+    for (auto& o : out) set_aligned_data(o);
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (auto& a : in) enc.set_input_array(a);
     for (auto& o : out) enc.set_output_array(o);
@@ -148,7 +163,7 @@ class LayerOutP : public mx::UnaryPrimitive {
 
   // inputs: h, q, keys, values, rows, positions, W_o, norm2, W_gate, W_up, W_down[, b_o][, b_down]
   void eval_cpu(const std::vector<mx::array>& in, mx::array& out) override {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
+    set_aligned_data(out);
     auto& enc = mx::cpu::get_command_encoder(stream());
     for (auto& a : in) enc.set_input_array(a);
     enc.set_output_array(out);

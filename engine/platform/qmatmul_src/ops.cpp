@@ -403,6 +403,15 @@ static const float* float_input(const float* xp, int m, int k, bool strided, con
 
 }  // namespace
 
+void set_aligned_data(mx::array& out) {
+  auto data = mx::allocator::malloc(out.nbytes() + 64);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(data.buffer().raw_ptr());
+  const int64_t offset = int64_t((64 - at % 64) % 64);
+  const auto max_dim = std::max_element(out.shape().begin(), out.shape().end());
+  mx::array::Flags flags{true, true, out.size() <= 1 || max_dim == out.shape().end() || out.size() == size_t(*max_dim)};
+  out.set_data(std::move(data), out.size(), out.strides(), flags, offset);
+}
+
 void check_packed(const mx::array& packed, int type, int group, int n, int k) {
   Layout l = layout_of(type, group);
   if (k % l.group) throw std::invalid_argument("k is not a multiple of the packed type's block");
@@ -524,7 +533,7 @@ mx::array dequant_rows(const mx::array& ids, const mx::array& packed, int type, 
 void QMatmul::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& x = inputs[0];
   const auto& w = inputs[1];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  set_aligned_data(out);
   auto& enc = mx::cpu::get_command_encoder(stream());
   enc.set_input_array(x);
   enc.set_input_array(w);
@@ -627,7 +636,7 @@ void QMatmulMulti::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx
   std::vector<float*> ops(count);
   for (size_t i = 0; i < count; ++i) {
     enc.set_input_array(inputs[i + 1]);
-    outputs[i].set_data(mx::allocator::malloc(outputs[i].nbytes()));
+    set_aligned_data(outputs[i]);
     enc.set_output_array(outputs[i]);
     wps[i] = inputs[i + 1].data<uint8_t>();
     ops[i] = outputs[i].data<float>();
@@ -662,7 +671,7 @@ std::vector<mx::Shape> QMatmulMulti::output_shapes(const std::vector<mx::array>&
 void DequantRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   const auto& ids = inputs[0];
   const auto& w = inputs[1];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
+  set_aligned_data(out);
   auto& enc = mx::cpu::get_command_encoder(stream());
   enc.set_input_array(ids);
   enc.set_input_array(w);

@@ -155,6 +155,25 @@ def test_packed_buffers_are_cache_line_aligned():
         assert address(w.packed) % 64 == 0, (w.qtype, w.n, w.k)
 
 
+def test_product_outputs_are_cache_line_aligned():
+    """The kernels store a row's 16 outputs of a tile as one 64-byte store: every product's output
+    starts on a 64-byte boundary, with the same values as any copy of it (MLX's own buffers start
+    8 or 24 bytes past one)."""
+    def address(a: mx.array) -> int:
+        return np.array(a, copy=False).__array_interface__["data"][0]
+
+    n, k = 48, 512
+    w = qmatmul.pack_gguf(random_blocks(Q.Q4_K, n, k, seed=5), int(Q.Q4_K), n, k)
+    w2 = qmatmul.pack_gguf(random_blocks(Q.Q8_0, 32, k, seed=6), int(Q.Q8_0), 32, k)
+    for m in (1, 3, 17):
+        x = mx.random.normal((m, k), key=mx.random.key(m))
+        outs = [qmatmul.qmatmul(x, w), *qmatmul.qmatmul_multi(x, [w, w2])]
+        mx.eval(outs)
+        for out in outs:
+            assert address(out) % 64 == 0, (m, out.shape)
+        assert mx.array_equal(outs[0], outs[1]).item() and mx.array_equal(outs[0] + 0, outs[0]).item()
+
+
 def test_embedding_rows_and_leading_axes():
     n, k = 20, 256
     w = qmatmul.pack_gguf(random_blocks(Q.Q4_K, n, k), int(Q.Q4_K), n, k)
