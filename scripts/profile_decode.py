@@ -118,7 +118,9 @@ def profile(loaded, context: int, reps: int) -> dict:
     D = args.hidden_size
     x = mx.random.normal((1, 1, D))
     attn0 = layers[0].self_attn
-    n_heads, n_kv, hd = attn0.n_heads, attn0.n_kv_heads, attn0.head_dim
+    n_heads, n_kv = attn0.n_heads, attn0.n_kv_heads
+    # not every family's attention keeps head_dim (Qwen2's does not): the cache's key width is it
+    hd = getattr(attn0, "head_dim", None) or cache[0].keys.shape[-1]
     q = mx.random.normal((1, n_heads, 1, hd))
     k1 = mx.random.normal((1, n_kv, 1, hd))
     gate = layers[0].mlp.gate_proj
