@@ -10,6 +10,7 @@ import pytest
 import tiny_gguf
 from gguf import GGMLQuantizationType as Q
 
+from mlxcel.engine.decode import ragged
 from mlxcel.engine.decode.batch import forward_chunk
 from mlxcel.engine.decode.kv_cache import rewind
 from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan, joinable
@@ -172,6 +173,30 @@ def test_rows_leave_and_join_in_freed_places_without_touching_the_others(q8):
     mine = batch.remove([3])[3]
     assert all(mx.array_equal(a.keys[..., :a.offset, :], b.keys[..., :a.offset, :]).item()
                for a, b in zip(out, mine))
+
+
+def test_an_emptied_batch_keeps_its_places_for_the_next_rows(q8, monkeypatch):
+    """When the last rows leave, a small batch keeps its keys and values, so that a burst of rows joins
+    existing places (no doubling); rows joining them get the bits a fresh batch gives. Over the size
+    limit the arrays are dropped as before."""
+    batch = batch_of(q8, [0, 1, 2])
+    step(batch, BLOCKS)
+    places = batch.cache[0].keys.shape[0]
+    batch.remove([0, 1, 2])
+    assert len(batch) == 0 and batch.cache is not None and batch.cache[0].keys.shape[0] == places
+    keys = batch.cache[0].keys
+    for i in (2, 1, 0):  # another order: the places are reused, not grown
+        batch.add(i, prefilled(q8, CONTEXTS[i]))
+    assert batch.cache[0].keys.shape[0] == places
+    assert sorted(batch.cache[0].places) == [0, 1, 2]
+    again, _ = step(batch, BLOCKS[::-1])
+    fresh = batch_of(q8, [2, 1, 0])
+    want, _ = step(fresh, BLOCKS[::-1])
+    assert all(mx.array_equal(a, b).item() for a, b in zip(again, want))
+    assert keys.shape == batch.cache[0].keys.shape  # the same layout as before the rows left
+    monkeypatch.setattr(ragged, "RETAIN_EMPTY_BYTES", 0)
+    batch.remove([0, 1, 2])
+    assert batch.cache is None
 
 
 @pytest.mark.parametrize("which", ["q8", "float"])
