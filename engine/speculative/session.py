@@ -173,17 +173,18 @@ class SpeculativeSession:
             says (``acceptance.synthetic_accept``); the output is then not the target's.
         grammar: the sequence's grammar matcher when the request is constrained. The session never
             advances it: whoever records the emitted tokens does.
-        ends: the tokens whose emission ends the sequence (its EOS ids; none when the request ignores
-            EOS). A block keeps no draft behind the first of them (``verify.prepare_round``).
+        eos_ids: the target's EOS ids. Unless ``params.ignore_eos``, emitting one ends the sequence, so
+            a block keeps no draft behind the first of them (:attr:`ends`, ``verify.prepare_round``).
     """
 
     def __init__(self, drafter: Drafter, params: SamplerParams, *, n_max: int, n_min: int = 0,
                  stochastic: bool | None = None, diagnostics: bool = False, kind: str | None = None,
                  synth_probs: Sequence[float] = (), grammar: GrammarMatcher | None = None,
-                 declined: str | None = None, ends: Iterable[int] = ()):
+                 declined: str | None = None, eos_ids: Iterable[int] = ()):
         self.params = params
         self.grammar = grammar
-        self.ends = frozenset(int(t) for t in ends)
+        # the tokens whose emission ends the sequence
+        self.ends = frozenset() if params.ignore_eos else frozenset(int(t) for t in eos_ids)
         reason = declined or decline_reason(drafter, params)
         self.declined_because = reason  # None: the session speculates
         self.declined = reason is not None

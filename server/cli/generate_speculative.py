@@ -128,7 +128,7 @@ def make_session(args: argparse.Namespace, target: LoadedModel, params: SamplerP
         print(probe_at_load(target.model, drafter, n_max, vocab_size=target.vocab_size), file=err or sys.stderr)
     return SpeculativeSession(source.new(), params, n_max=n_max, diagnostics=diagnostics_enabled(),
                               kind=choice.kind.loop, grammar=grammar,
-                              ends=() if params.ignore_eos else target.eos_token_ids)
+                              eos_ids=target.eos_token_ids)
 
 
 def run_speculative(args: argparse.Namespace, loaded: LoadedModel, prompt: list[int], params: SamplerParams,

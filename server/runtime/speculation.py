@@ -168,7 +168,7 @@ class Speculation:
         session = SpeculativeSession(self.source.new(n_min, ngram_max=opts.spec_ngram_max), opts.sampler,
                                      n_max=n_max, n_min=n_min, synth_probs=s.synth_probs,
                                      stochastic=opts.spec_stochastic, kind=self.draft_kind, grammar=grammar,
-                                     ends=() if opts.sampler.ignore_eos else self.target.eos_token_ids)
+                                     eos_ids=self.target.eos_token_ids)
         if session.model_drafter is not None:
             if features is None or features.length != len(sequence) - 1:
                 raise RuntimeError("a model-based drafter needs the prefill's features of every cached token")

@@ -84,8 +84,7 @@ class ArgmaxRowsP : public mx::UnaryPrimitive {
       auto some = [=](int r0, int r1) {
         for (int r = r0; r < r1; ++r) o[r] = fn(x + int64_t(r) * n, n);
       };
-      if (rows <= 1) return some(0, rows);
-      parallel_for(rows, size_t(rows) * n, some);
+      split_units(rows, size_t(rows) * n, some);
     });
   }
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override { throw std::runtime_error("CPU only"); }

@@ -69,7 +69,7 @@ View4 view4(const mx::array& a) {
 // ----------------------------------------------------------------------------- row code (rows.h)
 
 // The row code below splits its rows (element-wise ops: their elements) among the kernel threads
-// when a call has enough of them (a prompt chunk, a verify block; parallel_for keeps a one-token
+// when a call has enough of them (a prompt chunk, a verify block; split_units keeps a one-token
 // call on the caller). Each row or element is computed by the same code whichever thread takes it,
 // so the bits do not depend on the split. Before, they ran on the evaluating thread alone while the
 // other kernel thread spun: SmolLM2's 122-token prefill spent about a quarter of its wall time so.
@@ -87,8 +87,7 @@ void rms_norm_rows(const float* x, const float* w, float* o, int d, int rows, fl
       for (int i = 0; i < d; ++i) orow[i] = (xr[i] * inv) * w[i];
     }
   };
-  if (rows <= 1) return norm(0, rows);
-  parallel_for(rows, size_t(rows) * d * NORM_COST, norm);
+  split_units(rows, size_t(rows) * d * NORM_COST, norm);
 }
 
 namespace {
@@ -118,7 +117,7 @@ const float* rope_table(const int32_t* pos, int N, int dims, float base, float s
   t.dims = dims, t.base = base, t.scale = scale;
   t.cs.resize(size_t(N) * half * 2);
   float* cs = t.cs.data();
-  parallel_for(N, size_t(N) * half * ROPE_COST * 4, [=](int n0, int n1) {
+  split_units(N, size_t(N) * half * ROPE_COST * 4, [=](int n0, int n1) {
     for (int n = n0; n < n1; ++n)
       for (int i = 0; i < half; ++i) {
         float inv = std::pow(base, -float(2 * i) / float(dims));
@@ -134,8 +133,7 @@ const float* rope_table(const int32_t* pos, int N, int dims, float base, float s
 
 void silu_times(const float* g, const float* x, float* o, size_t n) {
   const size_t units = (n + SILU_SPAN - 1) / SILU_SPAN;
-  if (units <= 1) return silu_span(g, x, o, n);
-  parallel_for(int(units), n * SILU_COST, [=](int u0, int u1) {
+  split_units(int(units), n * SILU_COST, [=](int u0, int u1) {
     const size_t a = size_t(u0) * SILU_SPAN, b = std::min(n, size_t(u1) * SILU_SPAN);
     silu_span(g + a, x + a, o + a, b - a);
   });
@@ -161,8 +159,7 @@ void rope_positions_rows(const float* xp, int64_t s0, int64_t s1, int64_t s2, co
       }
     }
   };
-  if (N <= 1) return rotate(0, N);
-  parallel_for(N, size_t(N) * H * D * ROPE_COST, rotate);
+  split_units(N, size_t(N) * H * D * ROPE_COST, rotate);
 }
 
 namespace {

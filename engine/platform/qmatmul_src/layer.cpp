@@ -1,6 +1,5 @@
 #include "layer.h"
 
-#include <functional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -28,15 +27,9 @@ const T* rows_of(const mx::array& a, std::vector<T, Alloc>& buf) {
   return buf.data();
 }
 
-// Rows split among the kernel threads when a call has enough of them, as the row code does (rows.h).
-void over_rows(int rows, int cols, const std::function<void(int, int)>& fn) {
-  if (rows <= 1) return fn(0, rows);
-  parallel_for(rows, size_t(rows) * cols * 4, fn);
-}
-
 // y[r, j] += b[j] over rows x cols (MLX's broadcast add of a bias: one float addition per element).
 void add_bias(float* y, const float* b, int rows, int cols) {
-  over_rows(rows, cols, [=](int r0, int r1) {
+  split_units(rows, size_t(rows) * cols * 4, [=](int r0, int r1) {
     for (int r = r0; r < r1; ++r)
       for (int j = 0; j < cols; ++j) y[size_t(r) * cols + j] += b[j];
   });
@@ -44,7 +37,7 @@ void add_bias(float* y, const float* b, int rows, int cols) {
 
 // o = a + b over rows x cols (the residual additions).
 void add_rows(const float* a, const float* b, float* o, int rows, int cols) {
-  over_rows(rows, cols, [=](int r0, int r1) {
+  split_units(rows, size_t(rows) * cols * 4, [=](int r0, int r1) {
     for (size_t i = size_t(r0) * cols; i < size_t(r1) * cols; ++i) o[i] = a[i] + b[i];
   });
 }

@@ -358,8 +358,7 @@ void quantize_rows(const float* x, int m, int k, Scratch& sc) {
   };
   // Rows are independent: a wide call (a prompt chunk, a verify block) splits them among the kernel
   // threads, the same bits whichever thread takes a row.
-  if (m <= 1) return rows(0, m);
-  parallel_for(m, size_t(m) * k * 8, rows);
+  split_units(m, size_t(m) * k * 8, rows);
 }
 
 // The rows of a strided x (a transposed view read in place) gathered: one copy per run of the

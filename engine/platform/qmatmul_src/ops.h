@@ -50,6 +50,13 @@ int num_threads();
 // about MLXCEL_GRAIN_MACS of the call's macs multiply-adds; a call of one grain runs on the caller
 // alone); returns when every unit is done. The fused ops thread their heads with it.
 void parallel_for(int units, size_t macs, const std::function<void(int, int)>& fn);
+// parallel_for for row code: a call of one unit (a one-token step's norm, rope, quantization) runs
+// fn on the caller directly, without building the std::function a pool call takes.
+template <class F>
+void split_units(int units, size_t macs, F&& fn) {
+  if (units <= 1) return fn(0, units);
+  parallel_for(units, macs, fn);
+}
 // Test: `calls` back-to-back pool calls of alternating grain counts, `spin` busy steps a unit; how many computed a unit other than once.
 long pool_check(int calls, int spin);
 // "avx512_vnni", "avx2", "neon" or "scalar": the kernel in use; set_isa("auto") picks the best present.

@@ -59,10 +59,14 @@ def test_a_block_keeps_no_draft_past_the_first_ending_token():
     assert prepare_round(Scripted([5, 6]), [1], 2, ends=frozenset({4})).drafts == [5, 6]
 
 
-def test_the_session_cuts_with_its_ends():
-    session = SpeculativeSession(Scripted([5, 9, 6]), GREEDY, n_max=3, ends=[9])
+def test_the_session_cuts_at_its_eos_unless_the_request_ignores_it():
+    stops = SamplerParams(temperature=0.0, seed=0)
+    session = SpeculativeSession(Scripted([5, 9, 6]), stops, n_max=3, eos_ids=[9])
     assert session.prepare([1, 2], remaining=10).drafts == [5, 9]
-    assert SpeculativeSession(Scripted([5, 9, 6]), GREEDY, n_max=3).prepare([1, 2], remaining=10).drafts == [5, 9, 6]
+    assert SpeculativeSession(Scripted([5, 9, 6]), stops, n_max=3).prepare([1, 2], remaining=10).drafts == [5, 9, 6]
+    # an EOS the request ignores ends nothing: the drafts behind it can still be emitted
+    ignoring = SpeculativeSession(Scripted([5, 9, 6]), GREEDY, n_max=3, eos_ids=[9])
+    assert ignoring.prepare([1, 2], remaining=10).drafts == [5, 9, 6]
 
 
 def _round(lm, prompt: list[int], block: list[int], params: SamplerParams, rule: str, ends=frozenset()):
