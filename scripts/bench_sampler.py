@@ -9,7 +9,7 @@ and block size, so the numbers travel between machines. Run:
 ``--batch`` instead compares, for B = 1, 4, 8 rows, each row drawn alone (``SamplerChain.select`` per
 row, one host readback each: what the decode step did) against all rows in one pass
 (``batch_select.select_draws``, one readback), greedy and sampled; and each verify row decided alone
-(``verify.decide_round``) against ``batch_decide.decide_rounds``, blocks of 5. Milliseconds per step,
+(``decide.decide_one``, a batch of one) against all rows in one ``decide.decide_rounds``, blocks of 5. Milliseconds per step,
 best of N, arms interleaved; wall clock and process CPU time:
 
     ./scripts/with-blas .venv/bin/python scripts/bench_sampler.py --batch [--vocab 49152]
@@ -28,10 +28,10 @@ from mlxcel.engine.sampling.batch_select import Draw, select_draws
 from mlxcel.engine.sampling.chain import SamplerChain, position_keys
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.acceptance import GREEDY_ARGMAX, SAMPLER_MATCH
-from mlxcel.engine.speculative.batch_decide import DecideRow, decide_rounds
+from mlxcel.engine.speculative.block import prepare_round
+from mlxcel.engine.speculative.decide import DecideRow, decide_one, decide_rounds
 from mlxcel.engine.speculative.drafter import Drafter
 from mlxcel.engine.speculative.proposal import Proposal
-from mlxcel.engine.speculative.verify import decide_round, prepare_round
 
 _categorical = mx.vmap(lambda logp, key: mx.random.categorical(logp, key=key))
 
@@ -126,8 +126,7 @@ def batch_main(args) -> None:
                 decide.append(DecideRow(prep, vlogits[j], chain, drafter, histories[j], rule=rule, seed=j))
 
             def per_row_v():
-                return [decide_round(r.prep, r.logits, r.chain, r.drafter, r.sequence, rule=r.rule, seed=r.seed).emitted
-                        for r in decide]
+                return [decide_one(r).emitted for r in decide]
 
             def batched_v():
                 return [r.emitted for r in decide_rounds(decide)]

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from mlxcel.engine.sampling.chain import draw_one, sample
+from mlxcel.engine.sampling.chain import draw_one
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.sampling.random_keys import position_key
 from mlxcel.engine.speculative.switches import stochastic_accept_enabled
@@ -140,15 +140,13 @@ def synthetic_accept(choices: Sequence[int], drafts: Sequence[int], probs: Seque
     the drafts before it), whatever the target chose; a drafted end-of-generation token is never
     accepted; the first refusal emits the target's own choice and ends the chain, a clean sweep adds
     the target's bonus token. The emitted stream is *not* the target's: this rule proves nothing and
-    is only ever selected by those flags. Coins are keyed by position (stream ``SYNTH_STREAM``);
-    ``coins`` are those already read back (``synthetic_coins``), else each is drawn here."""
+    is only ever selected by those flags. Coins are keyed by position (stream ``SYNTH_STREAM``,
+    :func:`synthetic_coins`); ``coins`` are those already read back, else they are read here."""
+    if coins is None:
+        coins = synthetic_coins(seed, first_position, len(drafts)).tolist()
     n = 0
     while n < len(drafts):
-        if coins is not None:
-            u = float(coins[n])
-        else:
-            u = float(mx.random.uniform(key=position_key(seed, first_position + n, SYNTH_STREAM)).item())
-        if u >= probs[n] or int(drafts[n]) in eos:
+        if float(coins[n]) >= probs[n] or int(drafts[n]) in eos:
             break
         n += 1
     tested = n + 1 if n < len(drafts) else n
@@ -166,10 +164,11 @@ def residual_distribution(p_row: mx.array, q_row: mx.array) -> mx.array:
 
 def accept_tests(p: mx.array, q: mx.array, drafts: Sequence[int], *, seed: int, first_position: int) -> mx.array:
     """Each draft's acceptance test, queued: ``u_i * q_i(d_i) <= p_i(d_i)`` (and ``p_i(d_i) > 0``) with
-    ``u_i`` from the row's accept stream at its absolute position; ``[K]`` bool."""
+    ``u_i`` from the row's accept stream at its absolute position; ``[K]`` bool. ``p`` has a row per
+    draft, and may have the bonus position's after them."""
     k = len(drafts)
-    if p.shape[0] != k + 1 or q.shape[0] != k:
-        raise ValueError(f"rejection_sample: p rows {p.shape[0]}, q rows {q.shape[0]}, drafts {k}")
+    if p.shape[0] not in (k, k + 1) or q.shape[0] != k:
+        raise ValueError(f"rejection sampling: p rows {p.shape[0]}, q rows {q.shape[0]}, drafts {k}")
     if not k:
         return mx.zeros((0,), dtype=mx.bool_)
     idx = mx.array([int(d) for d in drafts])
@@ -189,7 +188,9 @@ def rejection_sample(
     first_position: int,
     forbidden_q: mx.array | None = None,
 ) -> ChainOutcome:
-    """Modified rejection sampling over one block.
+    """Modified rejection sampling over one block, read back at once: :func:`rejection_candidates`
+    then :func:`rejection_walk` (the one implementation; ``decide.decide_rounds`` runs the same two
+    for many rows with one readback).
 
     ``p``: ``[K + 1, V]`` target rows (the last is the bonus position); ``q``: ``[K, V]`` rows the
     drafts were drawn from; row ``i`` is absolute position ``first_position + i``. The accept
@@ -203,50 +204,47 @@ def rejection_sample(
     ``normalize(relu(p_K - forbidden_q))`` is drawn, not a bonus from ``p_K`` (which would bias the
     stream), and the outcome counts the cut draft as tested.
     """
-    k = len(drafts)
-    accept = accept_tests(p, q, drafts, seed=seed, first_position=first_position).tolist()
-    for i, ok in enumerate(accept):
-        if not ok:
-            key = position_key(seed, first_position + i, RESIDUAL_STREAM)
-            token = sample(residual_distribution(p[i], q[i]), key)
-            return ChainOutcome(i, [int(t) for t in drafts[:i]] + [token], i + 1)
-    if forbidden_q is not None:
-        key = position_key(seed, first_position + k, RESIDUAL_STREAM)
-        token = sample(residual_distribution(p[k], forbidden_q), key)
-        return ChainOutcome(k, [int(t) for t in drafts] + [token], k + 1)
-    bonus = sample(p[k], position_key(seed, first_position + k))
-    return ChainOutcome(k, [int(t) for t in drafts] + [bonus], k)
+    accept, tokens = rejection_candidates(p, q, drafts, seed=seed, first_position=first_position,
+                                          forbidden_q=forbidden_q)
+    mx.eval(accept, tokens)
+    return rejection_walk(accept.tolist(), tokens.tolist(), drafts, forbidden=forbidden_q is not None)
 
 
 def rejection_candidates(p: mx.array, q: mx.array, drafts: Sequence[int], *, seed: int, first_position: int,
-                         forbidden_q: mx.array | None = None) -> tuple[mx.array, mx.array]:
-    """``rejection_sample``'s randomness queued for one readback: ``(accept [K] bool, tokens
-    [K + 1] int32)``, where ``tokens[i]`` is the residual draw row ``i`` emits if draft ``i`` is
-    the first rejected and ``tokens[K]`` what a clean sweep emits (the bonus from ``p_K``, or the
-    residual of the cut draft's ``forbidden_q``). Every candidate is computed with the very ops
-    and keys ``rejection_sample`` uses for it; :func:`rejection_walk` picks the outcome. The price
-    of one readback is ``K`` residual draws where a chain uses one."""
+                         forbidden_q: mx.array | None = None, bonus: bool = True) -> tuple[mx.array, mx.array]:
+    """Modified rejection sampling's randomness queued for one readback: ``(accept [K] bool, tokens
+    [K + 1] int32)``, where ``tokens[i]`` is the residual draw ``normalize(relu(p_i - q_i))`` row ``i``
+    emits if draft ``i`` is the first rejected (its own key stream) and ``tokens[K]`` what a clean
+    sweep emits (the bonus from ``p_K`` on the emitted-token stream, or the residual of the cut
+    draft's ``forbidden_q``). :func:`rejection_walk` picks the outcome. The price of one readback is
+    ``K`` residual draws where a chain uses one. Without ``bonus`` (``p`` has only the drafts' rows)
+    ``tokens`` stops at ``K`` rows: a clean sweep emits nothing."""
     k = len(drafts)
+    if not bonus and forbidden_q is not None:
+        raise ValueError("a cut draft's residual is drawn at the bonus position")
     accept = accept_tests(p, q, drafts, seed=seed, first_position=first_position)
     tokens = [draw_one(residual_distribution(p[i], q[i]), position_key(seed, first_position + i, RESIDUAL_STREAM))
               for i in range(k)]
     if forbidden_q is not None:
         tokens.append(draw_one(residual_distribution(p[k], forbidden_q),
                                position_key(seed, first_position + k, RESIDUAL_STREAM)))
-    else:
+    elif bonus:
         tokens.append(draw_one(p[k], position_key(seed, first_position + k)))
+    if not tokens:
+        return accept, mx.zeros((0,), dtype=mx.int32)
     return accept, mx.stack(tokens).astype(mx.int32)
 
 
 def rejection_walk(accept: Sequence[bool], tokens: Sequence[int], drafts: Sequence[int],
                    forbidden: bool = False) -> ChainOutcome:
-    """``rejection_sample``'s outcome from the read-back ``rejection_candidates`` (``forbidden``:
-    a cut draft's ``forbidden_q`` was given)."""
+    """The outcome from the read-back :func:`rejection_candidates` (``forbidden``: a cut draft's
+    ``forbidden_q`` was given). Without a bonus candidate, a clean sweep emits the drafts alone."""
     k = len(drafts)
     for i, ok in enumerate(accept):
         if not ok:
             return ChainOutcome(i, [int(t) for t in drafts[:i]] + [int(tokens[i])], i + 1)
-    return ChainOutcome(k, [int(t) for t in drafts] + [int(tokens[k])], k + 1 if forbidden else k)
+    tail = [int(tokens[k])] if len(tokens) > k else []
+    return ChainOutcome(k, [int(t) for t in drafts] + tail, k + 1 if forbidden else k)
 
 
 def closed_forms(p: mx.array, q: mx.array) -> tuple[mx.array, mx.array]:

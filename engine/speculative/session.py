@@ -55,18 +55,12 @@ from mlxcel.engine.speculative.acceptance import (
     SYNTHETIC,
     select_rule,
 )
-from mlxcel.engine.speculative.batch_decide import DecideRow, decide_rounds
+from mlxcel.engine.speculative.block import PreparedRound, RoundResult, observe_round, prepare_round
+from mlxcel.engine.speculative.decide import DecideRow, decide_one, decide_rounds
 from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures, prefill_with_features
-from mlxcel.engine.speculative.verify import (
-    PreparedRound,
-    RoundResult,
-    decide_round,
-    observe_round,
-    prepare_round,
-    verify_round,
-)
+from mlxcel.engine.speculative.verify import verify_round
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +168,7 @@ class SpeculativeSession:
         grammar: the sequence's grammar matcher when the request is constrained. The session never
             advances it: whoever records the emitted tokens does.
         eos_ids: the target's EOS ids. Unless ``params.ignore_eos``, emitting one ends the sequence, so
-            a block keeps no draft behind the first of them (:attr:`ends`, ``verify.prepare_round``).
+            a block keeps no draft behind the first of them (:attr:`ends`, ``block.prepare_round``).
     """
 
     def __init__(self, drafter: Drafter, params: SamplerParams, *, n_max: int, n_min: int = 0,
@@ -291,9 +285,8 @@ class SpeculativeSession:
                rewind) -> RoundResult:
         """The second half: the rule over the block's rows ``logits`` (``[len(prep.block), V]``),
         ``rewind(n)`` dropping the ``n`` rejected positions from the row's cache, the drafter told.
-        The decision is ``verify_round``'s own (``verify.decide_round``)."""
-        result = decide_round(prep, logits, chain, self.drafter, sequence, rule=self.rule, seed=self.seed,
-                              diagnostics=self.diagnostics, synth_probs=self.synth_probs, grammar=self.grammar)
+        The decision is ``verify_round``'s own (``decide.decide_rounds``, a batch of one)."""
+        result = decide_one(self.decide_row(prep, logits, chain, sequence))
         rewind(len(prep.block) - (result.accepted + 1))
         observe_round(self.drafter, prep, sequence, result)
         return result

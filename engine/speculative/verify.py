@@ -44,55 +44,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
 from mlxcel.engine.decode.kv_cache import rewind
 from mlxcel.engine.decode.recurrent import StateTape
-from mlxcel.engine.platform.argmax import argmax_last
-from mlxcel.engine.sampling.chain import SamplerChain, sample
+from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
-from mlxcel.engine.sampling.random_keys import position_key
-from mlxcel.engine.speculative.acceptance import (
-    ACCEPT_STREAM,
-    ARGMAX_AGAINST_ARGMAX,
-    GREEDY_ARGMAX,
-    RESIDUAL_STREAM,
-    SAMPLER_MATCH,
-    SAMPLER_MATCH_NO_Q,
-    STOCHASTIC,
-    SYNTHETIC,
-    ChainOutcome,
-    closed_forms,
-    one_hot_rows,
-    rejection_sample,
-    residual_distribution,
-    synthetic_accept,
-    walk_chain,
-)
+from mlxcel.engine.speculative.acceptance import ChainOutcome
+from mlxcel.engine.speculative.block import PreparedRound, RoundResult, prepare_round, round_result
+from mlxcel.engine.speculative.decide import DecideRow, decide_one
 from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
 from mlxcel.engine.speculative.exactness_probe import block_verdict
-from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures, forward_with_features
-
-
-@dataclass
-class RoundResult:
-    """What one verify round did."""
-
-    emitted: list[int]  # accepted drafts + one target token
-    proposed: int  # drafts in the block
-    accepted: int
-    tested: int  # drafted positions the rule examined (a chain stops at its first rejection)
-    sum_min: float = 0.0  # sums over the tested positions (only with diagnostics)
-    sum_prod: float = 0.0
-    diagnosed: int = 0  # tested positions the two sums cover
-    chain_verified: bool = False  # the block was scored one forward per token (the probe failed)
-    logits: mx.array | None = None  # the target rows the rule read, [rows, V] (row i: position + i)
-    kept_features: TargetFeatures | None = None  # a model drafter's features of the tokens the cache kept
-    grammar_cut: int = 0  # drafts cut before the forward because the grammar forbids the first of them
 
 
 def verify_round(
@@ -128,252 +93,79 @@ def verify_round(
     if model_drafter is not None and model_drafter.reads_target_cache and k > 0:
         model_drafter.read_target_cache(cache)
     prep = prepare_round(drafter, sequence, k, grammar, ends)
-    proposal, drafts, q, forbidden_q = prep.proposal, prep.drafts, prep.q, prep.forbidden_q
-    position = prep.position
     layers = tuple(model_drafter.feature_layers) if model_drafter is not None else None
-    block = prep.block
+    row = DecideRow(prep, None, chain, drafter, sequence, rule=rule, seed=seed, diagnostics=diagnostics,
+                    synth_probs=synth_probs, grammar=grammar)
     if block_exact is None:
         block_exact = True
-        if drafts and model_drafter is not None and model_drafter.probe_gated:
+        if prep.drafts and model_drafter is not None and model_drafter.probe_gated:
             # every width this drafter may verify at must clear the probe (ModelDrafter.probe_widths)
-            widths = sorted({len(block), *model_drafter.probe_widths(k)})
+            widths = sorted({len(prep.block), *model_drafter.probe_widths(k)})
             block_exact = all(block_verdict(model, w, vocab_size=chain.vocab_size).exact for w in widths)
 
     tape = None
-    if block_exact or not drafts:
+    if block_exact or not prep.drafts:
         # a cache with recurrent layers records what it needs to be cut back to the kept prefix
-        tape = StateTape.for_cache(model, cache) if drafts else None
+        tape = StateTape.for_cache(model, cache) if prep.drafts else None
         with tape.recording() if tape is not None else nullcontext():
-            features = _forward(model, block, cache, layers)
-        logits = features.logits
-        allowed = None
+            features = forward_block(model, prep.block, cache, layers)
+        row.logits = features.logits
         if grammar is not None:
-            mx.async_eval(logits)  # the masks are computed while the forward runs
-            allowed = allowed_rows(grammar.masks(drafts), logits.shape[-1])
-        outcome, p = _decide(rule, chain, logits, sequence, drafts, q, seed, position, synth_probs, allowed,
-                             forbidden_q)
-        forwarded = len(block)
+            mx.async_eval(row.logits)  # the masks are computed while the forward runs
+        result = decide_one(row)
+        forwarded = len(prep.block)
     else:
-        outcome, p, features, forwarded, allowed = _chain_verify(model, cache, chain, rule, sequence, drafts, q, seed,
-                                                                 position, layers, grammar, forbidden_q)
-        logits = features.logits
-    result = round_result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics,
-                     chain_verified=not block_exact and bool(drafts))
+        result, features = _chain_verify(model, cache, row, layers)
+        forwarded = features.length
 
-    kept = outcome.accepted + 1  # the pending token and the accepted drafts
+    kept = result.accepted + 1  # the pending token and the accepted drafts
     rewind(cache, forwarded - kept, tape)
     if model_drafter is not None:
         result.kept_features = features.rows(0, kept)
         model_drafter.observe_target(result.kept_features)
-    drafter.observe([*sequence, *outcome.emitted], proposal, outcome.accepted)
-    return result
-
-
-@dataclass
-class PreparedRound:
-    """A round before its forward: the drafter's proposal, cut where a grammar forbids a draft, and
-    the block the target scores (``[pending, *drafts]``, the first at absolute ``position``)."""
-
-    proposal: Proposal
-    proposed: list[int]  # every drafted token the round can use (a grammar-cut draft included; none past an end)
-    drafts: list[int]  # what the forward scores
-    q: mx.array | None
-    forbidden_q: mx.array | None  # the q row of the cut draft
-    block: list[int]
-    position: int
-
-    @property
-    def cut(self) -> int:
-        return len(self.proposed) - len(self.drafts)
-
-
-def prepare_round(drafter: Drafter, sequence: Sequence[int], k: int,
-                  grammar: GrammarMatcher | None = None, ends: frozenset[int] = frozenset()) -> PreparedRound:
-    """Step 1 of a round: ask ``drafter`` for up to ``k`` drafts after ``sequence``, keep none past
-    the first that ends the sequence (``ends``), and cut them at the first one ``grammar`` forbids
-    (module docstring)."""
-    proposal = drafter.propose(sequence, k) if k > 0 else Proposal([])
-    proposed = [int(t) for t in proposal.tokens]
-    if len(proposed) > k:
-        raise ValueError(f"the drafter proposed {len(proposed)} tokens for a block of {k}")
-    q = proposal.q
-    end = _first_end(proposed, ends)
-    if end < len(proposed):
-        proposed = proposed[:end]
-        q = None if q is None else q[:end]
-    drafts, forbidden_q = proposed, None
-    if grammar is not None and proposed:
-        n = grammar.admissible(proposed)
-        if n < len(proposed):  # drafts[n] is forbidden: rejected without a forward
-            drafts = proposed[:n]
-            if q is not None:
-                forbidden_q, q = q[n], q[:n]
-    return PreparedRound(proposal, proposed, drafts, q, forbidden_q, [int(sequence[-1]), *drafts], len(sequence))
-
-
-def _first_end(proposed: list[int], ends: frozenset[int]) -> int:
-    """How many of ``proposed`` a round can use: all of them, or up to and including the first token
-    of ``ends``. Emitting that token ends the sequence, so the drafts behind it could never be
-    emitted whatever the rule decides: the forward need not score them. (A prompt-lookup draft that
-    reaches the end of the copied text runs on into the chat template's closing tokens and whatever
-    follows them in the context; its drafts there would widen the round's forward for nothing.)"""
-    if ends:
-        for i, t in enumerate(proposed):
-            if t in ends:
-                return i + 1
-    return len(proposed)
-
-
-def decide_round(prep: PreparedRound, logits: mx.array, chain: SamplerChain, drafter: Drafter,
-                 sequence: Sequence[int], *, rule: str, seed: int, diagnostics: bool = False,
-                 synth_probs: Sequence[float] = (), grammar: GrammarMatcher | None = None) -> RoundResult:
-    """Steps 3-4 for a block scored elsewhere (a batched forward): ``logits`` are the target's rows
-    ``[len(prep.block), V]`` for ``prep.block``. The same decision ``verify_round`` makes on its own
-    forward's rows; the caller then drops ``len(prep.block) - (accepted + 1)`` tokens from the cache
-    and tells the drafter (:func:`observe_round`)."""
-    allowed = allowed_rows(grammar.masks(prep.drafts), logits.shape[-1]) if grammar is not None else None
-    outcome, p = _decide(rule, chain, logits, sequence, prep.drafts, prep.q, seed, prep.position, synth_probs,
-                         allowed, prep.forbidden_q)
-    return round_result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics)
-
-
-def observe_round(drafter: Drafter, prep: PreparedRound, sequence: Sequence[int], result: RoundResult) -> None:
-    """Step 5's drafter half: tell the drafter what the round emitted."""
     drafter.observe([*sequence, *result.emitted], prep.proposal, result.accepted)
-
-
-def round_result(prep, outcome, p, logits, allowed, rule, chain, drafter, sequence, seed, diagnostics,
-                 chain_verified=False) -> RoundResult:
-    """The round's :class:`RoundResult` from the rule's ``outcome`` (a cut draft counted as
-    rejected; the diagnostic closed forms filled when asked for)."""
-    drafts, proposed = prep.drafts, prep.proposed
-    if prep.cut and outcome.accepted == len(drafts) and outcome.tested == len(drafts):
-        outcome = ChainOutcome(outcome.accepted, outcome.emitted, outcome.tested + 1)  # the cut draft was rejected
-    result = RoundResult(outcome.emitted, len(proposed), outcome.accepted, outcome.tested if proposed else 0,
-                         chain_verified=chain_verified, logits=logits, grammar_cut=prep.cut)
-    if diagnostics and result.tested:
-        _diagnose(result, rule, chain, logits, sequence, proposed, p, prep.proposal.q, drafter, seed, prep.position,
-                  outcome, allowed)
     return result
 
 
-def _forward(model: Any, tokens: list[int], cache: list[Any], layers: tuple[int, ...] | None) -> TargetFeatures:
+def forward_block(model: Any, tokens: list[int], cache: list[Any], layers: tuple[int, ...] | None) -> TargetFeatures:
+    """The target's forward over ``tokens`` on one sequence's ``cache``: every position's logits, and
+    the hidden states of ``layers`` when a model drafter reads them."""
     if layers is None:
         return TargetFeatures(model(mx.array([tokens]), cache=cache)[0])
     return forward_with_features(model, tokens, cache, layers)
 
 
-def _decide(rule, chain, logits, sequence, drafts, q, seed, position, synth_probs=(), allowed=None, forbidden_q=None):
-    """The acceptance rule over a scored block: (outcome, p or None). ``allowed``: the grammar's
-    mask rows; ``forbidden_q``: the q row of a draft cut after ``drafts`` (``rejection_sample``)."""
-    vocab = logits.shape[-1]
-    p = None
-    if rule == SYNTHETIC:
-        choices = chain.select(logits, sequence, drafts, seed, position, allowed)
-        outcome = synthetic_accept(choices, drafts, synth_probs, seed=seed, first_position=position,
-                                   eos=frozenset(chain.eos_token_ids))
-    elif rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
-        # The very call plain decoding makes, one row per position: same choice, same key.
-        outcome = walk_chain(chain.select(logits, sequence, drafts, seed, position, allowed), drafts)
-    elif rule == ARGMAX_AGAINST_ARGMAX:
-        choices = argmax_last(chain.adjusted_logits(logits, sequence, drafts, allowed)).tolist()
-        outcome = walk_chain(choices, drafts)
-    elif rule == STOCHASTIC:
-        p = chain.distribution(logits, sequence, drafts, seed, position, allowed)
-        if (drafts or forbidden_q is not None) and q is None:
-            raise ValueError("the stochastic rule needs the drafter's proposal distribution q")
-        q_rows = align_q(q, vocab) if drafts else mx.zeros((0, vocab))
-        cut_q = align_q(forbidden_q[None], vocab)[0] if forbidden_q is not None else None
-        outcome = rejection_sample(p, q_rows, drafts, seed=seed, first_position=position, forbidden_q=cut_q)
-    else:
-        raise ValueError(f"unknown acceptance rule {rule!r}")
-    return outcome, p
-
-
-def _chain_verify(model, cache, chain, rule, sequence, drafts, q, seed, position, layers, grammar=None,
-                  forbidden_q=None):
-    """Score the block one forward per token (what plain decoding computes, bit for bit), deciding
-    each draft as soon as its row exists and stopping at the first rejection, so nothing past the
-    emitted sequence is ever forwarded (no rewind; this works on any cache, a wrapped sliding
-    window included). Every decision is the one the block path makes for that row: the same
-    history, the same position keys, the same mask. Returns (outcome, None, features of the rows,
-    rows, the mask rows or None)."""
-    history = [int(t) for t in sequence]
-    block = [int(sequence[-1]), *drafts]
-    allowed = allowed_rows(grammar.masks(drafts), chain.vocab_size) if grammar is not None else None
+def _chain_verify(model: Any, cache: list[Any], row: DecideRow, layers) -> tuple[RoundResult, TargetFeatures]:
+    """Score ``row``'s block one forward per token (what plain decoding computes, bit for bit),
+    deciding each draft as soon as its row exists and stopping at the first rejection, so nothing
+    past the emitted sequence is ever forwarded (no rewind; this works on any cache, a wrapped
+    sliding window included). Each decision is ``decide.decide_rounds``'s on that one row: the
+    history as the block path gives it (the drafts before it appended), the same position key, the
+    same mask row; the draft's row without a bonus position, the last row with it. Returns the
+    round's result and the features of the rows forwarded."""
+    prep, sequence = row.prep, [int(t) for t in row.sequence]
+    drafts = prep.drafts
+    vocab = row.chain.vocab_size
+    allowed = allowed_rows(row.grammar.masks(drafts), vocab) if row.grammar is not None else None
     parts: list[TargetFeatures] = []
-    for i, token in enumerate(block):
-        part = _forward(model, [token], cache, layers)
+    outcome = None
+    for i, token in enumerate(prep.block):
+        part = forward_block(model, [token], cache, layers)
         parts.append(part)
-        draft = drafts[i] if i < len(drafts) else None
-        q_row = q[i] if (q is not None and draft is not None) else None
-        row_allowed = allowed[i : i + 1] if allowed is not None else None
-        accepted, emit = _row_verdict(rule, chain, part.logits, history, draft, q_row, seed, position + i,
-                                      row_allowed, forbidden_q if draft is None else None)
-        if not accepted:
-            outcome = ChainOutcome(i, drafts[:i] + [int(emit)], min(i + 1, len(drafts)))
-            return outcome, None, TargetFeatures.join(parts), len(parts), allowed
-        history.append(int(draft))
-    raise AssertionError("unreachable: the bonus row always ends the round")
-
-
-def _row_verdict(rule, chain, row, history, draft, q_row, seed, position, allowed=None, forbidden_q=None):
-    """One row of a chain-verified block: (draft accepted?, the token to emit if the round ends
-    here). ``draft`` None is the bonus row; ``forbidden_q`` the q row of a draft cut there by the
-    grammar (then the stochastic rule draws that rejection's residual). Row for row the block rules'
-    decisions."""
-    if rule == STOCHASTIC:
-        p = chain.distribution(row, history, (), seed, position, allowed)[0]
-        if draft is None and forbidden_q is not None:
-            cut_q = align_q(forbidden_q[None], p.shape[-1])[0]
-            return False, sample(residual_distribution(p, cut_q), position_key(seed, position, RESIDUAL_STREAM))
-        if draft is None:
-            return False, sample(p, position_key(seed, position))
-        if q_row is None:
-            raise ValueError("the stochastic rule needs the drafter's proposal distribution q")
-        q_row = align_q(q_row[None], p.shape[-1])[0]
-        u = mx.random.uniform(key=position_key(seed, position, ACCEPT_STREAM))
-        p_d, q_d = p[draft], q_row[draft]
-        if bool(((u * q_d <= p_d) & (p_d > 0)).item()):
-            return True, None
-        return False, sample(residual_distribution(p, q_row), position_key(seed, position, RESIDUAL_STREAM))
-    if rule == ARGMAX_AGAINST_ARGMAX:
-        choice = int(argmax_last(chain.adjusted_logits(row, history, (), allowed)).item())
-    elif rule in (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q):
-        choice = chain.select(row, history, (), seed, position, allowed)[0]
-    else:
-        raise ValueError(f"unknown acceptance rule {rule!r}")
-    return (draft is not None and choice == draft), choice
-
-
-def align_q(q: mx.array, vocab: int) -> mx.array:
-    """The drafter's rows on the target's vocabulary (a drafter may pad its head differently)."""
-    width = q.shape[-1]
-    if width == vocab:
-        return q
-    if width > vocab:
-        return q[:, :vocab]
-    return mx.concatenate([q, mx.zeros((q.shape[0], vocab - width), dtype=q.dtype)], axis=-1)
-
-
-def _diagnose(result, rule, chain, logits, sequence, drafts, p, q, drafter: Drafter, seed, position, outcome,
-              allowed=None) -> None:
-    """Fill the closed forms ``sum_x min(p, q)`` / ``sum_x p q`` over the tested positions
-    (``drafts``: the whole proposal, a draft cut by the grammar included)."""
-    n = result.tested
-    vocab = logits.shape[-1]
-    if rule == GREEDY_ARGMAX or (rule == ARGMAX_AGAINST_ARGMAX and chain.greedy):
-        # Point masses on both sides: both forms are 1 exactly where the draft is the argmax.
-        result.sum_min = result.sum_prod = float(outcome.accepted)
-        result.diagnosed = n
-        return
-    if q is None and drafter.deterministic:
-        q = one_hot_rows(drafts, vocab)
-    if q is None:
-        return  # no q: the closed forms are unknowable
-    if p is None:
-        p = chain.distribution(logits, sequence, drafts[: logits.shape[0] - 1], seed, position, allowed)
-    smin, sprod = closed_forms(p[:n], align_q(q, vocab)[:n])
-    result.sum_min = float(smin.sum().item())
-    result.sum_prod = float(sprod.sum().item())
-    result.diagnosed = n
+        testing = i < len(drafts)
+        one = PreparedRound(prep.proposal, drafts[i:i + 1], drafts[i:i + 1],
+                            prep.q[i:i + 1] if testing and prep.q is not None else None,
+                            None if testing else prep.forbidden_q, [token, *drafts[i:i + 1]], prep.position + i)
+        verdict = decide_one(DecideRow(one, part.logits, row.chain, row.drafter, sequence + drafts[:i],
+                                       rule=row.rule, seed=row.seed, synth_probs=row.synth_probs[i:],
+                                       bonus=not testing,
+                                       allowed=None if allowed is None else allowed[i:i + 1]))
+        if testing and verdict.accepted:
+            continue
+        emit = verdict.emitted[-1]
+        outcome = ChainOutcome(i, [*drafts[:i], int(emit)], min(i + 1, len(drafts)) if testing else i)
+        break
+    features = TargetFeatures.join(parts)
+    result = round_result(prep, outcome, None, features.logits, allowed, row.rule, row.chain, row.drafter,
+                          row.sequence, row.seed, row.diagnostics, chain_verified=True)
+    return result, features

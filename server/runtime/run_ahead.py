@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlxcel.engine.sampling.batch_select import Draw, pick_draws
-from mlxcel.engine.speculative.verify import PreparedRound
+from mlxcel.engine.speculative.block import PreparedRound
 from mlxcel.server.runtime.slots import PendingSample, SlotRun
 
 RUN_AHEAD_ENV = "MLXCEL_RUN_AHEAD"

@@ -1,7 +1,9 @@
-"""Verify decisions for many rows in one pass (batch_decide.decide_rounds) against each row decided
-alone (verify.decide_round), on a tiny real checkpoint's block logits: every acceptance rule, greedy
-and sampled chains, penalties, drafts the target accepts and rejects, grammar-constrained rows with
-a cut draft, mixed in one batch. Zero tolerance: every row's round is the one it gets alone."""
+"""The acceptance decision (decide.decide_rounds, the one implementation every verify round runs)
+against a reference written here from the rules' definitions (``SamplerChain.select`` /
+``distribution`` per block, the accept test and residual draw row by row, host-side walks), and many
+rows decided together against each decided alone, on a tiny real checkpoint's block logits: every
+acceptance rule, greedy and sampled chains, penalties, drafts the target accepts and rejects,
+grammar-constrained rows with a cut draft, mixed in one batch. Zero tolerance."""
 
 from __future__ import annotations
 
@@ -11,24 +13,32 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxcel.engine.platform.argmax import argmax_last
 from mlxcel.engine.sampling import batch_select
-from mlxcel.engine.sampling.chain import SamplerChain
+from mlxcel.engine.sampling.chain import SamplerChain, sample
 from mlxcel.engine.sampling.grammar import GBNF, compile_grammar
-from mlxcel.engine.sampling.grammar_matcher import new_matcher
+from mlxcel.engine.sampling.grammar_matcher import allowed_rows, new_matcher
 from mlxcel.engine.sampling.params import SamplerParams
+from mlxcel.engine.sampling.random_keys import position_key
 from mlxcel.engine.speculative.acceptance import (
+    ACCEPT_STREAM,
     ARGMAX_AGAINST_ARGMAX,
     GREEDY_ARGMAX,
+    RESIDUAL_STREAM,
     SAMPLER_MATCH,
     SAMPLER_MATCH_NO_Q,
     STOCHASTIC,
+    SYNTH_STREAM,
     SYNTHETIC,
+    ChainOutcome,
+    residual_distribution,
+    walk_chain,
 )
-from mlxcel.engine.speculative.batch_decide import DecideRow, decide_rounds
+from mlxcel.engine.speculative.block import align_q, prepare_round, round_result
+from mlxcel.engine.speculative.decide import DecideRow, decide_one, decide_rounds
 from mlxcel.engine.speculative.drafter import Drafter
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.session import SpeculativeSession, decide_together
-from mlxcel.engine.speculative.verify import decide_round, prepare_round
 
 BASE = SamplerParams()
 GREEDY = replace(BASE, temperature=0.0)
@@ -90,8 +100,49 @@ def make_row(lm, text, rule, params, *, seed, wrong_at=None, k=4, q=False, gramm
 
 
 def alone(row: DecideRow):
-    return decide_round(row.prep, row.logits, row.chain, row.drafter, row.sequence, rule=row.rule, seed=row.seed,
-                        diagnostics=row.diagnostics, synth_probs=row.synth_probs, grammar=row.grammar)
+    """The row decided as a batch of one."""
+    return decide_one(row)
+
+
+def reference(row: DecideRow):
+    """The rules as their definitions state them, one row, reading back as it goes."""
+    prep, chain, seq, seed, pos = row.prep, row.chain, row.sequence, row.seed, row.prep.position
+    drafts, vocab = prep.drafts, row.logits.shape[-1]
+    allowed = allowed_rows(row.grammar.masks(drafts), vocab) if row.grammar is not None else None
+    p = None
+    if row.rule == STOCHASTIC:
+        p = chain.distribution(row.logits, seq, drafts, seed, pos, allowed)
+        outcome = None
+        for i, d in enumerate(drafts):
+            q = align_q(prep.q, vocab)[i]
+            u = mx.random.uniform(key=position_key(seed, pos + i, ACCEPT_STREAM))
+            if not bool(((u * q[d] <= p[i, d]) & (p[i, d] > 0)).item()):
+                token = sample(residual_distribution(p[i], q), position_key(seed, pos + i, RESIDUAL_STREAM))
+                outcome = ChainOutcome(i, [*drafts[:i], token], i + 1)
+                break
+        if outcome is None:
+            k = len(drafts)
+            if prep.forbidden_q is not None:
+                cut = align_q(prep.forbidden_q[None], vocab)[0]
+                token = sample(residual_distribution(p[k], cut), position_key(seed, pos + k, RESIDUAL_STREAM))
+                outcome = ChainOutcome(k, [*drafts, token], k + 1)
+            else:
+                outcome = ChainOutcome(k, [*drafts, sample(p[k], position_key(seed, pos + k))], k)
+    elif row.rule == ARGMAX_AGAINST_ARGMAX:
+        outcome = walk_chain(argmax_last(chain.adjusted_logits(row.logits, seq, drafts, allowed)).tolist(), drafts)
+    elif row.rule == SYNTHETIC:
+        choices = chain.select(row.logits, seq, drafts, seed, pos, allowed)
+        n = 0
+        while n < len(drafts):
+            u = float(mx.random.uniform(key=position_key(seed, pos + n, SYNTH_STREAM)).item())
+            if u >= row.synth_probs[n] or drafts[n] in chain.eos_token_ids:
+                break
+            n += 1
+        outcome = ChainOutcome(n, [*drafts[:n], int(choices[n])], n + 1 if n < len(drafts) else n)
+    else:
+        outcome = walk_chain(chain.select(row.logits, seq, drafts, seed, pos, allowed), drafts)
+    return round_result(prep, outcome, p, row.logits, allowed, row.rule, chain, row.drafter, seq, seed,
+                        row.diagnostics)
 
 
 def summary(r):
@@ -129,8 +180,9 @@ def test_every_row_decides_what_it_decides_alone(tiny_llama, seed0):
     rows = mixed_rows(tiny_llama, seed0)
     together = decide_rounds(rows)
     assert not any(isinstance(r, Exception) for r in together)
-    expected = [summary(alone(r)) for r in rows]
+    expected = [summary(reference(r)) for r in rows]
     assert [summary(r) for r in together] == expected
+    assert [summary(alone(r)) for r in rows] == expected
     assert [summary(r) for r in decide_rounds(rows[::-1])] == expected[::-1]
     # the batch sees acceptances and rejections both, under every rule
     for rule in (GREEDY_ARGMAX, SAMPLER_MATCH, STOCHASTIC, SYNTHETIC):
@@ -167,7 +219,7 @@ def test_grammar_constrained_rows_with_a_cut_draft(tiny_llama, rule, params):
         rows.append(DecideRow(prep, logits, chain, drafter, sequence, rule=rule, seed=n, grammar=matcher))
     rows += mixed_rows(lm, 3)[:6]
     together = decide_rounds(rows)
-    assert [summary(r) for r in together] == [summary(alone(r)) for r in rows]
+    assert [summary(r) for r in together] == [summary(reference(r)) for r in rows]
     assert all(r.grammar_cut > 0 for r in together[:3])
     if rule == STOCHASTIC:
         assert all(r.accepted == len(row.prep.drafts) for r, row in zip(together[1:3], rows[1:3]))

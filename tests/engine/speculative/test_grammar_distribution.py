@@ -32,7 +32,7 @@ from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar import REGEX, compile_grammar
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.engine.speculative import verify
+from mlxcel.engine.speculative import decide, verify
 from mlxcel.engine.speculative.acceptance import SAMPLER_MATCH, STOCHASTIC
 from mlxcel.engine.speculative.drafter import Drafter
 from mlxcel.engine.speculative.proposal import Proposal
@@ -157,7 +157,7 @@ def test_the_statistic_rejects_wrong_constrained_implementations(monkeypatch):
     assert unmasked_p > CRITICAL, f"an unmasked p was not rejected: {unmasked_p:.2f}"
     lying_q = statistic(stream(STOCHASTIC, SAMPLES, masked=True, lie=True))
     assert lying_q > CRITICAL, f"an unmasked q reported for masked draws was not rejected: {lying_q:.2f}"
-    real = verify.rejection_sample
-    monkeypatch.setattr(verify, "rejection_sample", lambda *a, forbidden_q=None, **kw: real(*a, **kw))
+    real = decide.rejection_candidates
+    monkeypatch.setattr(decide, "rejection_candidates", lambda *a, forbidden_q=None, **kw: real(*a, **kw))
     bonus_at_cut = statistic(stream(STOCHASTIC, SAMPLES))
     assert bonus_at_cut > CRITICAL, f"a bonus from p at the cut was not rejected: {bonus_at_cut:.2f}"

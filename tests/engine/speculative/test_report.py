@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
+from mlxcel.engine.speculative.block import RoundResult
 from mlxcel.engine.speculative.report import acceptance_line, diagnostic_line, report_lines
 from mlxcel.engine.speculative.session import SpeculativeCounters
 from mlxcel.engine.speculative.switches import diagnostics_enabled
-from mlxcel.engine.speculative.verify import RoundResult
 
 LINE = re.compile(
     r"^\[Speculative acceptance\] rule=(?P<rule>[a-z-]+) rounds=(?P<rounds>\d+) proposed=(?P<proposed>\d+) "

@@ -1,4 +1,4 @@
-"""A block keeps no draft behind the first token that ends the sequence (``verify.prepare_round``'s
+"""A block keeps no draft behind the first token that ends the sequence (``block.prepare_round``'s
 ``ends``): emitting that token ends generation, so the forward scores nothing it could not emit.
 
 Checked on the tiny llama with real forwards: the cut is where it should be, and a cut round emits,
@@ -19,10 +19,11 @@ from mlxcel.engine.decode.plain import prefill
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.acceptance import GREEDY_ARGMAX, SAMPLER_MATCH
+from mlxcel.engine.speculative.block import prepare_round
 from mlxcel.engine.speculative.drafter import Drafter
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.session import SpeculativeSession
-from mlxcel.engine.speculative.verify import prepare_round, verify_round
+from mlxcel.engine.speculative.verify import verify_round
 
 PROMPT_TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 GREEDY = SamplerParams(temperature=0.0, ignore_eos=True, seed=0)

@@ -10,7 +10,7 @@ import pytest
 
 from mlxcel.engine.sampling.grammar import GBNF, compile_grammar
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.engine.speculative.verify import decide_round
+from mlxcel.engine.speculative.decide import decide_one
 from mlxcel.server.runtime import scheduler as scheduler_module
 from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.reasoning_budget import BudgetSpec
@@ -116,9 +116,7 @@ def test_the_verify_step_decides_every_row_in_one_call_each_as_alone(tiny_llama,
     real = scheduler_module.decide_together
 
     def spy(rounds):
-        expected = [decide_round(row.prep, row.logits, row.chain, row.drafter, row.sequence, rule=row.rule,
-                                 seed=row.seed, synth_probs=row.synth_probs, grammar=row.grammar)
-                    for _, row, _ in rounds]
+        expected = [decide_one(row) for _, row, _ in rounds]
         got = real(rounds)
         widths.append(len(rounds))
         for e, g in zip(expected, got):

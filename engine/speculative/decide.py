@@ -1,9 +1,9 @@
-"""Verify decisions for many rows in one pass: each row keeps its own rule, seed stream, sampler
-chain and grammar, and all of them are evaluated together and read back once.
+"""The acceptance decision of a verify round: every rule's one implementation, for any number of rows
+at once. A round alone is a batch of one row; a shared verify forward's rows are decided together.
 
-A shared verify forward (``decode.ragged``) gives each speculating row the logits of its block
-``[pending, *drafts]``. :func:`decide_rounds` makes, for every row, the decision
-``verify.decide_round`` makes for it alone, in four steps:
+Each row is a block the target scored, ``[pending, *drafts]`` (:class:`DecideRow`): its logits, its
+rule, its seed stream, sampler chain and grammar. :func:`decide_rounds` gives every row its
+:class:`~mlxcel.engine.speculative.block.RoundResult` in four steps:
 
 1. the grammar masks of every constrained row, in one ``fill_masks`` call (a matcher that fails
    there computes its own rows and fails alone);
@@ -11,20 +11,22 @@ A shared verify forward (``decode.ragged``) gives each speculating row the logit
    choice (``greedy-argmax``, ``sampler-match``, ``sampler-match-no-proposal-distribution``,
    ``argmax-against-argmax``, ``synthetic``) hand their block to ``batch_select.pick_draws`` (all
    argmax rows in one argmax, the sampled rows of one sampler shape in one graph, each row with its
-   own chain values and position keys); the stochastic rule hands its block to
-   ``batch_select.distribution_draws`` and queues, on its own p rows, the accept test and every
-   candidate it could emit (``acceptance.rejection_candidates``); the synthetic rule queues its
-   coins;
+   own chain values and position keys: the very ops ``SamplerChain.select`` runs for a plain decode
+   step); the stochastic rule hands its block to ``batch_select.distribution_draws`` and queues, on
+   its own p rows, the accept test and every candidate it could emit
+   (``acceptance.rejection_candidates``); the synthetic rule queues its coins;
 3. one evaluation and one host readback for every row (``batch_select.read_together``);
 4. each row's walk on host integers (``walk_chain``, ``rejection_walk``, ``synthetic_accept``) and
-   its ``RoundResult`` (``verify.round_result``).
+   its ``RoundResult`` (``block.round_result``).
 
-The ops a row runs are the ones its decision alone runs, on the same values and keys, so each row's
-outcome is its own, bit for bit (tests/engine/speculative/test_batch_decide.py, zero tolerance).
-What keeps its own host syncs: the diagnostic closed forms (``diagnostics``, off by default), which
-``round_result`` computes per row after the readback. A row whose own work fails (its drafter's q
-missing, its grammar, its stages) fails alone; when the shared evaluation fails, each row is
-evaluated alone so the one at fault fails alone.
+Row-wise ops give a row the same bits whatever its neighbours, so each row's outcome is the one it
+gets decided alone (tests/engine/speculative/test_batch_decide.py, zero tolerance). A row whose own
+work fails (its drafter's q missing, its grammar, its stages) fails alone; when the shared
+evaluation fails, each row is evaluated alone so the one at fault fails alone.
+
+A row without its bonus position (``bonus=False``: ``logits`` has one row per draft and no more)
+tests its drafts and emits nothing after a clean sweep: what a chain-verified round
+(``verify._chain_verify``) asks after each one-token forward, so that it too decides with these rules.
 """
 
 from __future__ import annotations
@@ -45,24 +47,26 @@ from mlxcel.engine.speculative.acceptance import (
     SAMPLER_MATCH_NO_Q,
     STOCHASTIC,
     SYNTHETIC,
+    ChainOutcome,
     rejection_candidates,
     rejection_walk,
     synthetic_accept,
     synthetic_coins,
     walk_chain,
 )
+from mlxcel.engine.speculative.block import PreparedRound, RoundResult, align_q, round_result
 from mlxcel.engine.speculative.drafter import Drafter
-from mlxcel.engine.speculative.verify import PreparedRound, RoundResult, align_q, round_result
 
 CHOICE_RULES = (GREEDY_ARGMAX, SAMPLER_MATCH, SAMPLER_MATCH_NO_Q, ARGMAX_AGAINST_ARGMAX, SYNTHETIC)
 
 
 @dataclass
 class DecideRow:
-    """One row of a shared verify forward: ``verify.decide_round``'s arguments."""
+    """One scored block to decide. ``allowed``: the grammar's mask rows when the caller has them
+    (``[rows, V]`` bool), else they come from ``grammar``."""
 
     prep: PreparedRound
-    logits: mx.array  # [len(prep.block), V]
+    logits: mx.array  # [len(prep.block), V]; [len(prep.drafts), V] without the bonus position
     chain: SamplerChain
     drafter: Drafter
     sequence: Sequence[int]
@@ -71,13 +75,19 @@ class DecideRow:
     diagnostics: bool = False
     synth_probs: Sequence[float] = ()
     grammar: GrammarMatcher | None = None
+    bonus: bool = True
+    allowed: mx.array | None = None
+
+
+def _rows(row: DecideRow) -> int:
+    return len(row.prep.drafts) + int(row.bonus)
 
 
 def _masks(rows: Sequence[DecideRow]) -> list[mx.array | None]:
-    """Every constrained row's mask rows ``[len(block), V]``, in one call; None where a row must
-    compute its own (unconstrained, or the joint call failed)."""
-    constrained = [(i, r) for i, r in enumerate(rows) if r.grammar is not None]
-    out: list[mx.array | None] = [None] * len(rows)
+    """Every constrained row's mask rows, in one call; None where a row must compute its own
+    (unconstrained, or the joint call failed)."""
+    out: list[mx.array | None] = [r.allowed for r in rows]
+    constrained = [(i, r) for i, r in enumerate(rows) if r.grammar is not None and r.allowed is None]
     if not constrained:
         return out
     try:
@@ -85,13 +95,22 @@ def _masks(rows: Sequence[DecideRow]) -> list[mx.array | None]:
     except Exception:  # a matcher that fails (GrammarError) fails alone, computing its own rows
         return out
     for (i, r), mask in zip(constrained, masks):
-        out[i] = allowed_rows(mask, r.logits.shape[-1])
+        out[i] = allowed_rows(mask[:_rows(r)], r.logits.shape[-1])
     return out
+
+
+def _own_mask(row: DecideRow) -> mx.array | None:
+    if row.allowed is not None or row.grammar is None:
+        return row.allowed
+    return allowed_rows(row.grammar.masks(row.prep.drafts)[:_rows(row)], row.logits.shape[-1])
 
 
 def _draw(row: DecideRow, allowed: mx.array | None) -> Draw:
     if row.rule not in CHOICE_RULES and row.rule != STOCHASTIC:
         raise ValueError(f"unknown acceptance rule {row.rule!r}")
+    if row.logits.shape[0] != _rows(row):
+        raise ValueError(f"{row.logits.shape[0]} logits rows for {len(row.prep.drafts)} drafts "
+                         f"({'with' if row.bonus else 'without'} the bonus position)")
     return Draw(row.chain, row.logits, row.sequence, row.prep.drafts, row.seed, row.prep.position, allowed,
                 argmax=row.rule == ARGMAX_AGAINST_ARGMAX)
 
@@ -103,27 +122,24 @@ def _stochastic(row: DecideRow, p: mx.array) -> list[mx.array]:
     q_rows = align_q(prep.q, vocab) if prep.drafts else mx.zeros((0, vocab))
     cut_q = align_q(prep.forbidden_q[None], vocab)[0] if prep.forbidden_q is not None else None
     accept, tokens = rejection_candidates(p, q_rows, prep.drafts, seed=row.seed, first_position=prep.position,
-                                          forbidden_q=cut_q)
+                                          forbidden_q=cut_q, bonus=row.bonus)
     return [accept, tokens]
 
 
 def _queue(rows: Sequence[DecideRow], allowed: Sequence[mx.array | None]) -> tuple[list, list]:
-    """Every row's lazy arrays (or its exception) and its p (the stochastic rule's, else None)."""
+    """Every row's lazy arrays (or its exception) and its (p or None, mask rows)."""
     arrays: list = [None] * len(rows)
     dists: list = [None] * len(rows)
     choice, stochastic = [], []
     for i, row in enumerate(rows):
         try:
-            mask = allowed[i]
-            if mask is None and row.grammar is not None:
-                mask = allowed_rows(row.grammar.masks(row.prep.drafts), row.logits.shape[-1])
-            allowed_i = mask
-            draw = _draw(row, allowed_i)
+            mask = allowed[i] if allowed[i] is not None else _own_mask(row)
+            draw = _draw(row, mask)
         except Exception as exc:
             arrays[i] = exc
             continue
-        (stochastic if row.rule == STOCHASTIC else choice).append((i, draw, allowed_i))
-    for (i, _, allowed_i), pick in zip(choice, pick_draws([d for _, d, _ in choice])):
+        (stochastic if row.rule == STOCHASTIC else choice).append((i, draw, mask))
+    for (i, _, mask), pick in zip(choice, pick_draws([d for _, d, _ in choice])):
         row = rows[i]
         if isinstance(pick, Exception):
             arrays[i] = pick
@@ -131,35 +147,47 @@ def _queue(rows: Sequence[DecideRow], allowed: Sequence[mx.array | None]) -> tup
             arrays[i] = [pick, synthetic_coins(row.seed, row.prep.position, len(row.prep.drafts)).view(mx.int32)]
         else:
             arrays[i] = [pick]
-        dists[i] = (None, allowed_i)
-    for (i, _, allowed_i), p in zip(stochastic, distribution_draws([d for _, d, _ in stochastic])):
+        dists[i] = (None, mask)
+    for (i, _, mask), p in zip(stochastic, distribution_draws([d for _, d, _ in stochastic])):
         try:
             if isinstance(p, Exception):
                 raise p
             arrays[i] = _stochastic(rows[i], p)
-            dists[i] = (p, allowed_i)
+            dists[i] = (p, mask)
         except Exception as exc:
             arrays[i] = exc
     return arrays, dists
 
 
-def _outcome(row: DecideRow, values: list):
+def _outcome(row: DecideRow, values: list) -> ChainOutcome:
     drafts = row.prep.drafts
     if row.rule == STOCHASTIC:
         accept, tokens = values
         return rejection_walk(accept, tokens, drafts, forbidden=row.prep.forbidden_q is not None)
+    choices = [int(t) for t in values[0]]
+    if not row.bonus:
+        choices.append(-1)  # no bonus position: a clean sweep emits nothing (see ``_open``)
     if row.rule == SYNTHETIC:
-        choices, bits = values
-        coins = np.asarray(bits, dtype=np.int32).view(np.float32).tolist()
-        return synthetic_accept(choices, drafts, row.synth_probs, seed=row.seed, first_position=row.prep.position,
-                                eos=frozenset(row.chain.eos_token_ids), coins=coins)
-    return walk_chain(values[0], drafts)
+        coins = np.asarray(values[1], dtype=np.int32).view(np.float32).tolist()
+        outcome = synthetic_accept(choices, drafts, row.synth_probs, seed=row.seed,
+                                   first_position=row.prep.position, eos=frozenset(row.chain.eos_token_ids),
+                                   coins=coins)
+    else:
+        outcome = walk_chain(choices, drafts)
+    return outcome if row.bonus else _open(outcome)
+
+
+def _open(outcome: ChainOutcome) -> ChainOutcome:
+    """A row without its bonus position: after a clean sweep, the drafts and nothing more."""
+    if outcome.emitted and outcome.emitted[-1] == -1:
+        return ChainOutcome(outcome.accepted, outcome.emitted[:-1], outcome.tested)
+    return outcome
 
 
 def decide_rounds(rows: Sequence[DecideRow]) -> list[RoundResult | Exception]:
-    """Per row, the :class:`RoundResult` ``verify.decide_round`` gives it alone, or the exception
-    its own work raised (the other rows are unaffected); one evaluation and one readback for all
-    (the module docstring). The caller rewinds each row's cache and tells its drafter."""
+    """Per row, its :class:`RoundResult`, or the exception its own work raised (the other rows are
+    unaffected); one evaluation and one readback for all (the module docstring). The caller rewinds
+    each row's cache and tells its drafter."""
     allowed = _masks(rows)
     arrays, dists = _queue(rows, allowed)
 
@@ -183,3 +211,11 @@ def decide_rounds(rows: Sequence[DecideRow]) -> list[RoundResult | Exception]:
         except Exception as exc:
             out.append(exc)
     return out
+
+
+def decide_one(row: DecideRow) -> RoundResult:
+    """One row's decision (a batch of one); its own failure is raised."""
+    (result,) = decide_rounds([row])
+    if isinstance(result, Exception):
+        raise result
+    return result
