@@ -16,7 +16,7 @@ is the case that leaves something owed: its last proposal.
 
 A draft model with recurrent layers (a small Qwen3.5 or LFM2 drafting for a larger one) cannot
 drop tokens from those layers, so the drafter marks their states after every forward
-(``decode.recurrent.StateMarks``; the states are held by reference, so this is free) and the
+(``cache.recurrent.StateMarks``; the states are held by reference, so this is free) and the
 trim restores the mark at the kept length. Every length a trim can go back to was marked: the
 first forward of a proposal feeds the whole committed sequence, and each later forward is one
 draft.
@@ -29,8 +29,8 @@ from collections.abc import Sequence
 import mlx.core as mx
 
 from mlxcel.drafters.draws import DraftDraws, draw_draft
-from mlxcel.engine.decode.kv_cache import rewind
-from mlxcel.engine.decode.recurrent import StateMarks, has_recurrent_state
+from mlxcel.engine.cache.kv_cache import rewind
+from mlxcel.engine.cache.recurrent import StateMarks, has_recurrent_state
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.chain import SamplerChain

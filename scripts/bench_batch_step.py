@@ -41,8 +41,8 @@ def main() -> None:
         compare(args)
         return
 
-    from mlxcel.engine.decode.batch import DecodeBatch
-    from mlxcel.engine.decode.plain import prefill
+    from mlxcel.engine.cache.batch import DecodeBatch
+    from mlxcel.engine.cache.prefill import prefill
     from mlxcel.engine.model.loading import load_model
 
     lm = load_model(args.model)
@@ -62,9 +62,9 @@ def main() -> None:
 def compare(args) -> None:
     import mlx.core as mx
 
-    from mlxcel.engine.decode.batch import DecodeBatch
-    from mlxcel.engine.decode.plain import prefill
-    from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan
+    from mlxcel.engine.cache.batch import DecodeBatch
+    from mlxcel.engine.cache.prefill import prefill
+    from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan
     from mlxcel.engine.model.loading import load_model
 
     lm = load_model(args.model)

@@ -27,7 +27,7 @@ def child(args) -> dict:
         use_build(args.build)
     import mlx.core as mx
 
-    from mlxcel.engine.decode.plain import prefill
+    from mlxcel.engine.cache.prefill import prefill
     from mlxcel.engine.model.loading import load_model
     from mlxcel.engine.platform import qmatmul
 

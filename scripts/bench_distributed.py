@@ -88,7 +88,7 @@ def main() -> None:
     from mlx.utils import tree_flatten
 
     from mlxcel.drafters.loading import load_target
-    from mlxcel.engine.decode.batch import forward_chunk
+    from mlxcel.engine.cache.batch import forward_chunk
     from mlxcel.engine.distributed.collectives import sum_ints
     from mlxcel.engine.distributed.sharding import sharder, unpacked_loading
     from mlxcel.engine.distributed.world import world

@@ -38,8 +38,8 @@ def child(args) -> dict:
         use_build(args.build)
     import mlx.core as mx
 
-    from mlxcel.engine.decode.kv_cache import rewind
-    from mlxcel.engine.decode.plain import prefill
+    from mlxcel.engine.cache.kv_cache import rewind
+    from mlxcel.engine.cache.prefill import prefill
     from mlxcel.engine.model.loading import load_model
     from mlxcel.engine.platform import qmatmul
 

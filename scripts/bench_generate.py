@@ -120,8 +120,8 @@ def forward_cost_ratio(loaded, width: int = 8, context: int = 64, reps: int = 15
     ``context`` tokens (a verify round's shape vs a decode step's)."""
     import mlx.core as mx
 
-    from mlxcel.engine.decode.kv_cache import rewind
-    from mlxcel.engine.decode.plain import prefill
+    from mlxcel.engine.cache.kv_cache import rewind
+    from mlxcel.engine.cache.prefill import prefill
 
     prompt = prompt_tokens(loaded, context)
     cache = loaded.make_cache()

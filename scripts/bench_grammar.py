@@ -130,8 +130,8 @@ class DecodeRows:
     temperature 0.8, constrained by ``grammar`` or not."""
 
     def __init__(self, lm, rows, grammar, seed):
-        from mlxcel.engine.decode.batch import DecodeBatch
-        from mlxcel.engine.decode.plain import prefill
+        from mlxcel.engine.cache.batch import DecodeBatch
+        from mlxcel.engine.cache.prefill import prefill
         from mlxcel.engine.sampling.chain import SamplerChain
         from mlxcel.engine.sampling.grammar_matcher import allowed_rows, new_matcher
         from mlxcel.engine.sampling.params import SamplerParams

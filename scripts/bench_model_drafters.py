@@ -20,7 +20,7 @@ Qwen3.5 or LFM2 of ``--hybrid-hidden`` width and ``--hybrid-layers`` layers is w
 temporary directory in the published layout and read by the real loader):
 
 * ``recurrent``: what cutting a verify block back costs, per round: the plain width-``block + 1``
-  forward against the same forward recorded on a ``decode.recurrent.StateTape`` and cut back to one
+  forward against the same forward recorded on a ``cache.recurrent.StateTape`` and cut back to one
   kept token, by per-position capture (what runs) and by snapshot + replay (the alternative);
   interleaved medians, and the two strategies' states compared bit for bit;
 * ``overhead``: decode tokens/s of plain decoding against the speculative round loop with a
@@ -46,9 +46,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.cache.kv_cache import rewind
+from mlxcel.engine.cache.recurrent import REPLAY, StateTape
 from mlxcel.engine.decode.plain import generate_tokens
-from mlxcel.engine.decode.recurrent import REPLAY, StateTape
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams

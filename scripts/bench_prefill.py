@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Prefill speed: ``engine.decode.plain.prefill`` over the first n tokens of a prompt into a fresh
+"""Prefill speed: ``engine.cache.prefill.prefill`` over the first n tokens of a prompt into a fresh
 cache, tokens per second (process CPU time by default), best of ``--reps``, for n in ``--lengths``.
 
 ``--builds NAME=PATH,...`` compares builds of the extension (``_qmatmul*.so`` files): ``--rounds``
@@ -26,7 +26,7 @@ def child(args) -> dict:
         use_build(args.build)
     import mlx.core as mx
 
-    from mlxcel.engine.decode.plain import prefill
+    from mlxcel.engine.cache.prefill import prefill
     from mlxcel.engine.model.loading import load_model
     from mlxcel.engine.platform import qmatmul
 

@@ -6,7 +6,7 @@ rewind of its rejected tail) three ways, on the same model, interleaved, best of
 * ``per-row``: what the server did before: one forward per row on its own ``KVCache``, ``rewind``;
 * ``concat``: the rows keep their own caches; every iteration copies them into one padded batch,
   runs one forward, and copies each row back (the "separate caches concatenated per step" design);
-* ``ragged``: the rows live in one ``decode.ragged.RaggedBatch`` (per-row lengths, O(1) per-row rewind).
+* ``ragged``: the rows live in one ``cache.ragged.RaggedBatch`` (per-row lengths, O(1) per-row rewind).
 
     ./scripts/with-blas .venv/bin/python scripts/bench_ragged_cache.py [--rows 4] [--context 300] [--block 4]
 """
@@ -19,8 +19,8 @@ import time
 
 import mlx.core as mx
 
-from mlxcel.engine.decode.kv_cache import rewind
-from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan
+from mlxcel.engine.cache.kv_cache import rewind
+from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan
 from mlxcel.engine.model.loading import default_model_path, load_model
 
 

@@ -80,8 +80,8 @@ def profile(loaded, context: int, reps: int) -> dict:
     from mlx_lm.models.activations import swiglu
     from mlx_lm.models.base import scaled_dot_product_attention
 
-    from mlxcel.engine.decode.kv_cache import rewind
-    from mlxcel.engine.decode.plain import prefill
+    from mlxcel.engine.cache.kv_cache import rewind
+    from mlxcel.engine.cache.prefill import prefill
     from mlxcel.engine.sampling.chain import SamplerChain
     from mlxcel.engine.sampling.params import SamplerParams
 

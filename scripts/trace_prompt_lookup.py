@@ -48,7 +48,7 @@ def forward_costs(loaded, context: int, widths: int, repeats: int = 9) -> list[f
     """Median seconds per target forward of width 1..widths after ``context`` cached tokens."""
     import mlx.core as mx
 
-    from mlxcel.engine.decode.kv_cache import rewind
+    from mlxcel.engine.cache.kv_cache import rewind
 
     cache = loaded.make_cache()
     mx.eval(loaded.model(mx.array([[1] * context]), cache=cache))

@@ -36,7 +36,7 @@ import mlx.core as mx
 from mlxcel.drafters.draws import DraftDraws, draw_draft
 from mlxcel.drafters.mtp.checkpoint import MtpCheckpoint, load_mtp, reload_mtp
 from mlxcel.drafters.mtp.head import MtpHead
-from mlxcel.engine.decode.kv_cache import rewind
+from mlxcel.engine.cache.kv_cache import rewind
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.drafter import ModelDrafter

@@ -46,7 +46,7 @@ from mlx_lm.models import gemma4_text
 
 from mlxcel.drafters.draws import DraftDraws, draw_draft
 from mlxcel.drafters.mtp.structure import is_gemma4_assistant
-from mlxcel.engine.decode.kv_cache import read_keys_values
+from mlxcel.engine.cache.kv_cache import read_keys_values
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.config_file import read_config_json
 from mlxcel.engine.sampling.chain import SamplerChain

@@ -1,2 +1,2 @@
-"""Plain decoding: one sequence (``plain``: chunked prefill, one token per step), the server's
-batched decode step (``batch``), and KV caches with exact rewind (``kv_cache``)."""
+"""Decoding: one engine step over rows of any kind (``step``), and one sequence decoded plainly
+(``plain``)."""

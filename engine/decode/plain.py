@@ -24,12 +24,12 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcel.engine.decode.kv_cache import cache_length, rewind
+from mlxcel.engine.cache.kv_cache import cache_length, rewind
+from mlxcel.engine.cache.prefill import DEFAULT_PREFILL_STEP, prefill
 from mlxcel.engine.errors import PromptError
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 
-DEFAULT_PREFILL_STEP = 512
 # Give freed buffers back to the allocator this often (as mlx-lm does) so a long generation
 # does not hold on to every intermediate it ever allocated.
 CLEAR_CACHE_EVERY = 256
@@ -47,23 +47,6 @@ class DecodeStep:
     generation_tokens: int
     generation_tps: float
     peak_memory_gb: float
-
-
-def prefill(model: Any, tokens: Sequence[int], cache: list[Any], step: int = DEFAULT_PREFILL_STEP) -> mx.array:
-    """Run ``tokens`` through ``model``, extending ``cache``; return the last position's logits ``[V]``.
-
-    All but the last token go in chunks of ``step`` whose logits are never evaluated (only the
-    cache is), so the output head runs for one position only; then the last token alone. The
-    returned logits are lazy: evaluate them (or a token picked from them) to finish."""
-    if len(tokens) == 0:
-        raise PromptError("nothing to prefill: the prompt is empty")
-    step = max(1, int(step))
-    head = list(tokens[:-1])
-    for i in range(0, len(head), step):
-        model(mx.array(head[i : i + step])[None], cache=cache)
-        mx.eval([c.state for c in cache])
-        mx.clear_cache()
-    return model(mx.array(tokens[-1:])[None], cache=cache)[0, -1]
 
 
 def generate_tokens(

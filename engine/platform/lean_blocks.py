@@ -86,7 +86,7 @@ class LeanBlock:
 
 def qkv_products(plan: BlockPlan, x: mx.array) -> tuple[mx.array, mx.array, mx.array]:
     """A planned block's input norm and q/k/v products (with their biases): the block's first ops,
-    shared by :class:`LeanBlock` and the ragged forward (``engine/decode/ragged.py``)."""
+    shared by :class:`LeanBlock` and the ragged forward (``engine/cache/ragged.py``)."""
     ext, bias = plan.ext, plan.qkv_bias
     q, k, v = ext.qmatmul_multi(ext.rms_norm(x, plan.norm1, plan.eps1), *plan.qkv)
     if bias is not None:

@@ -37,7 +37,7 @@ class SharedInput:
     with an ``x`` computes every member's product in one ``qmatmul_multi`` (``x`` quantized once,
     one primitive instead of one per projection) and keeps the others' outputs for their calls
     with that same array object; each is bitwise what the member's own product gives, so callers
-    that call the projections one by one (mlx-lm's attention and MLP, ``engine/decode/ragged.py``)
+    that call the projections one by one (mlx-lm's attention and MLP, ``engine/cache/ragged.py``)
     need no change. A member called with another array, or again with the same one, computes
     afresh; the kept outputs are dropped once every member has taken its own.
 

@@ -106,7 +106,7 @@ class ModelDrafter(Drafter):
     ``reads_target_cache``: the drafter attends to the target's own KV cache (the Gemma 4 MTP
     assistant): right before every proposal the round hands it the cache (:meth:`read_target_cache`),
     which then holds exactly the committed tokens; the drafter only reads it
-    (``decode.kv_cache.read_keys_values``).
+    (``cache.kv_cache.read_keys_values``).
     """
 
     kind = "model"

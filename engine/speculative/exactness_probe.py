@@ -16,7 +16,7 @@ token into the other, and compare the logits bitwise. When the target has slidin
 (rotating) caches the first draw's context is longer than the largest window, so the comparison
 covers the wrapped-window case too (the other draws stay short: a probe runs once per width, but
 on a 2048-token window every long draw is two long prefills). On a cache with recurrent layers
-the block forward goes through the ``decode.recurrent.StateTape`` recording a verify round uses.
+the block forward goes through the ``cache.recurrent.StateTape`` recording a verify round uses.
 The verdict is memoized per (model, width); a failing verdict is logged once, and the round loop
 then verifies drafted blocks token by token ("chain decoding"), which is exact by construction.
 
@@ -36,7 +36,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
-from mlxcel.engine.decode.recurrent import StateTape
+from mlxcel.engine.cache.recurrent import StateTape
 from mlxcel.engine.speculative.switches import PROBE_ENV, probe_mode
 
 log = logging.getLogger(__name__)

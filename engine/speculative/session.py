@@ -41,7 +41,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcel.engine.decode.plain import DEFAULT_PREFILL_STEP, prefill
+from mlxcel.engine.cache.prefill import DEFAULT_PREFILL_STEP, prefill
 from mlxcel.engine.errors import PromptError
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.chain import SamplerChain
@@ -265,7 +265,7 @@ class SpeculativeSession:
     @property
     def batchable(self) -> bool:
         """Whether this session's rounds can be scored in a forward shared with other rows
-        (``decode.ragged``): its drafter does not read the target's hidden states or cache (a model
+        (``cache.ragged``): its drafter does not read the target's hidden states or cache (a model
         drafter's block width is gated by the exactness probe and needs the forward's features)."""
         return self.model_drafter is None
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcel.engine.decode.batch import last_row_head, plain_head
+from mlxcel.engine.cache.batch import last_row_head, plain_head
 from mlxcel.engine.errors import MlxcelError
 
 
@@ -194,7 +194,7 @@ def forward_with_features(model: Any, tokens: Sequence[int] | mx.array, cache: l
 
 def chunk_with_features(model: Any, tokens: Sequence[int], cache: list[Any],
                         layer_ids: Sequence[int] = ()) -> tuple[mx.array, TargetFeatures]:
-    """One prefill chunk, as ``decode.batch.forward_chunk`` runs it (the last position's logits
+    """One prefill chunk, as ``cache.batch.forward_chunk`` runs it (the last position's logits
     ``[V]``, computed as that function computes them, so a chunk's first sampled token is the same
     bits either way), that also returns every position's features (``logits`` None). Both are
     evaluated, with the cache. What the server's slots prefill with when the request will speculate
@@ -211,7 +211,7 @@ def chunk_with_features(model: Any, tokens: Sequence[int], cache: list[Any],
 
 def prefill_with_features(model: Any, tokens: Sequence[int], cache: list[Any], layer_ids: Sequence[int] = (),
                           step: int = 512) -> TargetFeatures:
-    """``decode.prefill`` that also keeps every position's features: chunks of ``step`` tokens,
+    """``cache.prefill`` that also keeps every position's features: chunks of ``step`` tokens,
     then the last token alone (so its logits come from the same one-token forward plain decoding
     runs). ``logits`` holds the last row only."""
     tokens = [int(t) for t in tokens]

@@ -14,7 +14,7 @@ not yet forwarded. A round
 4. lets the acceptance rule pick the accepted prefix and the one extra target token;
 5. rewinds the target cache by the rejected drafts (it then holds ``new_sequence[:-1]``) and
    tells the drafter, which rewinds its own state. Recurrent layers (Qwen3.5 / Qwen3-Next
-   gated-delta, LFM2 convolutions, ...) are cut back with the ``decode.recurrent.StateTape`` the
+   gated-delta, LFM2 convolutions, ...) are cut back with the ``cache.recurrent.StateTape`` the
    block forward recorded.
 
 Model-based drafters (``engine.speculative.drafter.ModelDrafter``: DFlash, DSpark, Muse Glimmer assistant,
@@ -48,8 +48,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcel.engine.decode.kv_cache import rewind
-from mlxcel.engine.decode.recurrent import StateTape
+from mlxcel.engine.cache.kv_cache import rewind
+from mlxcel.engine.cache.recurrent import StateTape
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
 from mlxcel.engine.speculative.acceptance import ChainOutcome

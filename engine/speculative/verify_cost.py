@@ -1,6 +1,6 @@
 """What a shared verify forward costs on this machine, and so how many drafts a row may bring to it.
 
-The rows of an engine iteration share one ragged verify forward (``engine.decode.ragged``). Its cost
+The rows of an engine iteration share one ragged verify forward (``engine.cache.ragged``). Its cost
 is modelled as ``fixed_ms + per_token_ms * N`` for ``N`` tokens in the forward (the rows' pending
 tokens plus their drafts): the fixed part is what a forward pays whatever it carries (reading the
 weights, launching the layers), the per-token part what each token adds. On this 2-core CPU the
@@ -80,8 +80,8 @@ from typing import Any
 
 import mlx.core as mx
 
-from mlxcel.engine.decode.batch import forward_chunk
-from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan, joinable
+from mlxcel.engine.cache.batch import forward_chunk
+from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan, joinable
 from mlxcel.engine.errors import MlxcelError
 
 COST_ENV = "MLXCEL_VERIFY_COST"

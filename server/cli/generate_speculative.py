@@ -36,7 +36,7 @@ from mlxcel.drafters.registry import (
     choose,
     kind_names,
 )
-from mlxcel.engine.decode.recurrent import unsupported_reason
+from mlxcel.engine.cache.recurrent import unsupported_reason
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.sampling.params import SamplerParams

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from mlxcel.engine.decode.batch import DecodeBatch
-from mlxcel.engine.decode.ragged import RaggedBatch
+from mlxcel.engine.cache.batch import DecodeBatch
+from mlxcel.engine.cache.ragged import RaggedBatch
 from mlxcel.engine.distributed.collectives import broadcast_bytes, sum_ints
 from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.server.runtime.errors import ApiError, not_supported

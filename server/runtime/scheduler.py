@@ -18,7 +18,7 @@ it is never blocked by model work. The engine thread runs continuous batching ov
             plain rows in one mlx-lm batch-cache forward (``_decode_batch``), speculating rows one
             verify round each (``_speculate``)
 
-Which rows join the ragged batch (``engine.decode.ragged``, per-row lengths in one cache, O(1)
+Which rows join the ragged batch (``engine.cache.ragged``, per-row lengths in one cache, O(1)
 per-row rewind): rows on plain attention caches (``joinable``) of a model whose forward the batch
 runs flat (``packable``: llama / mistral / qwen2 layers), on a speculative server, and on any server
 where the model runs the fused CPU ops (packed weights on the CPU: there the ragged step is faster
@@ -52,10 +52,10 @@ from typing import Any, TypeVar
 
 import mlx.core as mx
 
-from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
-from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
-from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan, joinable, packable
-from mlxcel.engine.decode.recurrent import has_recurrent_state
+from mlxcel.engine.cache.batch import DecodeBatch, forward_chunk
+from mlxcel.engine.cache.kv_cache import cache_length, can_rewind, rewind
+from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan, joinable, packable
+from mlxcel.engine.cache.recurrent import has_recurrent_state
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform.ragged_ops import runs_fused
 from mlxcel.engine.sampling.batch_select import select_draws
@@ -403,7 +403,7 @@ class Scheduler:
                     run.spec = self.speculation.start(run.opts, run.prompt + run.generated, run.seed, features,
                                                       grammar=run.grammar)
                     if run.spec.batchable and joinable(slot.cache):
-                        self._ragged.add(slot.id, slot.cache)  # verified with the other rows (decode.ragged)
+                        self._ragged.add(slot.id, slot.cache)  # verified with the other rows (cache.ragged)
                         slot.cache = None
                 else:
                     if run.wants_spec:
@@ -492,7 +492,7 @@ class Scheduler:
         return accepted
 
     def _ragged_step(self) -> None:
-        """The iteration's one forward over the ragged batch (``decode.ragged``): each row brings what it
+        """The iteration's one forward over the ragged batch (``cache.ragged``): each row brings what it
         needs, at its own positions. A speculating row proposes its own block (capped by the forward's
         cost model at this batch width and the row's acceptance so far, ``verify_cost``) and brings its
         pending token and drafts; a plain row its pending token; a prefilling row its next prompt chunk

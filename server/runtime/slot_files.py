@@ -15,8 +15,8 @@ import json
 import time
 from pathlib import Path
 
-from mlxcel.engine.decode.cache_file import CacheFileError, load_cache_file, save_cache_file
-from mlxcel.engine.decode.kv_cache import cache_length
+from mlxcel.engine.cache.cache_file import CacheFileError, load_cache_file, save_cache_file
+from mlxcel.engine.cache.kv_cache import cache_length
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.runtime.errors import ApiError, invalid
 from mlxcel.server.runtime.scheduler import Scheduler

@@ -21,7 +21,7 @@ and ``--spec-default`` (prompt lookup). Blocks:
   a second pass over its prompt. The exactness probe runs here, at load, for every verify width
   the drafter can use, so no request pays for it either.
 
-A target whose recurrent state a verify round cannot restore (``decode.recurrent.unsupported_reason``)
+A target whose recurrent state a verify round cannot restore (``cache.recurrent.unsupported_reason``)
 declines speculation: one warning at startup, and every request it declines is counted
 (``mlxcel:spec_decode_declined_total{reason="target-state"}``), as are sampling requests a
 greedy-only drafter declines (``reason="greedy-only"``).
@@ -47,7 +47,7 @@ import logging
 
 from mlxcel.drafters.loading import DrafterSource, load
 from mlxcel.drafters.registry import DrafterKind
-from mlxcel.engine.decode.recurrent import unsupported_reason
+from mlxcel.engine.cache.recurrent import unsupported_reason
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.speculative import verify_cost

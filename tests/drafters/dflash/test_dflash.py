@@ -26,7 +26,7 @@ from mlxcel.drafters.dflash.drafter import DFlashDrafter
 from mlxcel.drafters.dflash.dspark import DSparkDrafter
 from mlxcel.drafters.dflash.muse_glimmer import DECLARED_DEPTH, MuseGlimmerDrafter
 from mlxcel.drafters.loading import load_model_drafter
-from mlxcel.engine.decode.kv_cache import cache_length
+from mlxcel.engine.cache.kv_cache import cache_length
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.chain import SamplerChain

@@ -38,7 +38,7 @@ from mlxcel.drafters.mtp.checkpoint import (
 from mlxcel.drafters.mtp.drafter import MtpDrafter
 from mlxcel.drafters.mtp.head import MtpHead
 from mlxcel.drafters.registry import checkpoint_kind, choose
-from mlxcel.engine.decode.kv_cache import cache_length
+from mlxcel.engine.cache.kv_cache import cache_length
 from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.chain import SamplerChain

@@ -5,8 +5,9 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from mlxcel.engine.decode.kv_cache import cache_length
-from mlxcel.engine.decode.plain import generate_tokens, prefill
+from mlxcel.engine.cache.kv_cache import cache_length
+from mlxcel.engine.cache.prefill import prefill
+from mlxcel.engine.decode.plain import generate_tokens
 from mlxcel.engine.errors import PromptError
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams

@@ -233,7 +233,7 @@ def test_decoding_with_the_compiled_rope_gives_the_same_tokens(which, request, m
 
 
 def test_pipelined_batch_steps_give_the_tokens_of_synchronous_ones(tiny_llama):
-    from mlxcel.engine.decode.batch import DecodeBatch, forward_chunk
+    from mlxcel.engine.cache.batch import DecodeBatch, forward_chunk
     from mlxcel.engine.sampling.chain import SamplerChain
     from mlxcel.engine.sampling.params import SamplerParams
 

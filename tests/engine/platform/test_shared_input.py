@@ -1,7 +1,7 @@
 """One product for the projections that read the same input (``packed_modules.share_inputs``):
 ``qmatmul_multi`` gives each matrix bitwise what its own ``qmatmul`` gives, whatever the types
 mixed, the rows, the threads and the ISA; a packed model's q/k/v and gate/up are joined, and the
-modules called one by one (as mlx-lm and ``engine/decode/ragged.py`` call them) return the same
+modules called one by one (as mlx-lm and ``engine/cache/ragged.py`` call them) return the same
 bits as without the join."""
 
 from __future__ import annotations

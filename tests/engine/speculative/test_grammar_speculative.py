@@ -23,8 +23,9 @@ from tiny_checkpoints import perturbed_copy
 from mlxcel.drafters.draft_model import DraftModelDrafter
 from mlxcel.drafters.loading import load_model_drafter
 from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
-from mlxcel.engine.decode.kv_cache import cache_length
-from mlxcel.engine.decode.plain import generate_tokens, prefill
+from mlxcel.engine.cache.kv_cache import cache_length
+from mlxcel.engine.cache.prefill import prefill
+from mlxcel.engine.decode.plain import generate_tokens
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar import GBNF, compile_grammar

@@ -14,8 +14,8 @@ import mlx.core as mx
 import pytest
 from target_only import target_only_tokens
 
-from mlxcel.engine.decode.kv_cache import cache_length
-from mlxcel.engine.decode.plain import prefill
+from mlxcel.engine.cache.kv_cache import cache_length
+from mlxcel.engine.cache.prefill import prefill
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.acceptance import GREEDY_ARGMAX, SAMPLER_MATCH

@@ -12,7 +12,7 @@ import mlx.core as mx
 import pytest
 import tiny_drafters
 
-from mlxcel.engine.decode.plain import prefill
+from mlxcel.engine.cache.prefill import prefill
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.speculative.target_features import (
     FeaturesUnsupported,

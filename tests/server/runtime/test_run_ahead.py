@@ -10,8 +10,8 @@ import pytest
 import tiny_gguf
 from gguf import GGMLQuantizationType as Q
 
-from mlxcel.engine.decode.kv_cache import cache_length
-from mlxcel.engine.decode.ragged import RaggedBatch
+from mlxcel.engine.cache.kv_cache import cache_length
+from mlxcel.engine.cache.ragged import RaggedBatch
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.session import SpeculativeSession

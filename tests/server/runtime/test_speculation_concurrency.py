@@ -1,5 +1,5 @@
 """Speculation at concurrency, through real server processes on tiny checkpoints: the speculating rows
-of an iteration share one ragged verify forward (engine.decode.ragged), and every request still gets
+of an iteration share one ragged verify forward (engine.cache.ragged), and every request still gets
 exactly the tokens it gets alone, whatever runs beside it; a client that disconnects mid-round leaves
 no slot busy and no cache corrupt."""
 

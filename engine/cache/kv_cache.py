@@ -42,7 +42,7 @@ from mlx_lm.models.cache import (
 from mlxcel.engine.errors import CacheRewindError
 
 if TYPE_CHECKING:
-    from mlxcel.engine.decode.recurrent import StateTape
+    from mlxcel.engine.cache.recurrent import StateTape
 
 
 def _leaves(cache: list[Any]) -> list[Any]:

@@ -16,7 +16,7 @@ from mlx_lm.models.cache import (
     RotatingKVCache,
 )
 
-from mlxcel.engine.decode.kv_cache import cache_length, can_rewind, rewind
+from mlxcel.engine.cache.kv_cache import cache_length, can_rewind, rewind
 from mlxcel.engine.errors import CacheRewindError
 
 TOL = 1e-4

@@ -9,8 +9,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from mlxcel.engine.decode import ragged
-from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan
+from mlxcel.engine.cache import ragged
+from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan
 from mlxcel.engine.platform import qmatmul
 
 pytestmark = pytest.mark.skipif(not (qmatmul.available() and hasattr(qmatmul.extension(), "cache_write")),

@@ -11,7 +11,7 @@ SmolLM2 here). :class:`RaggedKVCache` instead keeps one length per row. A forwar
 row ``i``'s query ``t`` sees keys ``0 .. L_i + t`` exactly, and rotary positions are per token.
 Dropping a row's rejected tail is then ``L_i -= r``: O(1), no copy. Rows join with a copy of their
 single-sequence ``KVCache`` (possibly empty: a prompt prefilled in the batch) and leave as one again
-(for the slot's prompt reuse), so what enters and leaves is the cache ``decode.kv_cache`` rewinds
+(for the slot's prompt reuse), so what enters and leaves is the cache ``cache.kv_cache`` rewinds
 exactly. A row brings any number of tokens (a decode step, a verify block, a prompt chunk) and asks
 for the logits of as many of its last positions as it needs (``StepPlan.logits``).
 

@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 import tiny_drafters
 
-from mlxcel.engine.decode.kv_cache import can_rewind, rewind
+from mlxcel.engine.cache.kv_cache import can_rewind, rewind
 from mlxcel.engine.errors import CacheRewindError
 from mlxcel.engine.model.loading import load_model
 

@@ -1,4 +1,4 @@
-"""The ragged batch (engine.decode.ragged) on a tiny real checkpoint: rows of different lengths and
+"""The ragged batch (engine.cache.ragged) on a tiny real checkpoint: rows of different lengths and
 widths in one forward, each row's own rewind, and rows out again as single-sequence caches."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import pytest
 import tiny_gguf
 from gguf import GGMLQuantizationType as Q
 
-from mlxcel.engine.decode import ragged
-from mlxcel.engine.decode.batch import forward_chunk
-from mlxcel.engine.decode.kv_cache import rewind
-from mlxcel.engine.decode.ragged import RaggedBatch, StepPlan, joinable
+from mlxcel.engine.cache import ragged
+from mlxcel.engine.cache.batch import forward_chunk
+from mlxcel.engine.cache.kv_cache import rewind
+from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan, joinable
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.platform.ragged_ops import runs_fused
 

@@ -1,4 +1,4 @@
-"""Recurrent layers under speculation (``engine.decode.recurrent``), on tiny real checkpoints:
+"""Recurrent layers under speculation (``engine.cache.recurrent``), on tiny real checkpoints:
 
 * a block forward recorded on a ``StateTape`` is cut back to any kept prefix, and every layer of the
   cache (recurrent and attention) then holds bit for bit what a forward of exactly the kept tokens
@@ -19,9 +19,9 @@ import mlx.core as mx
 import pytest
 import tiny_checkpoints
 
-from mlxcel.engine.decode import recurrent
-from mlxcel.engine.decode.kv_cache import can_rewind, read_keys_values, rewind
-from mlxcel.engine.decode.recurrent import REPLAY, StateMarks, StateTape, unsupported_reason
+from mlxcel.engine.cache import recurrent
+from mlxcel.engine.cache.kv_cache import can_rewind, read_keys_values, rewind
+from mlxcel.engine.cache.recurrent import REPLAY, StateMarks, StateTape, unsupported_reason
 from mlxcel.engine.errors import CacheRewindError
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.platform import device
