@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,7 +56,7 @@ from mlxcel.engine.speculative.acceptance import (
     select_rule,
 )
 from mlxcel.engine.speculative.block import PreparedRound, RoundResult, observe_round, prepare_round
-from mlxcel.engine.speculative.decide import DecideRow, decide_one, decide_rounds
+from mlxcel.engine.speculative.decide import DecideRow
 from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures, prefill_with_features
@@ -281,19 +281,11 @@ class SpeculativeSession:
             self._peeked = self.drafter.peek(sequence)
         return prepare_round(self.drafter, sequence, k, self.grammar, self.ends)
 
-    def decide(self, prep: PreparedRound, logits: mx.array, chain: SamplerChain, sequence: Sequence[int],
-               rewind) -> RoundResult:
-        """The second half: the rule over the block's rows ``logits`` (``[len(prep.block), V]``),
-        ``rewind(n)`` dropping the ``n`` rejected positions from the row's cache, the drafter told.
-        The decision is ``verify_round``'s own (``decide.decide_rounds``, a batch of one)."""
-        result = decide_one(self.decide_row(prep, logits, chain, sequence))
-        rewind(len(prep.block) - (result.accepted + 1))
-        observe_round(self.drafter, prep, sequence, result)
-        return result
-
     def decide_row(self, prep: PreparedRound, logits: mx.array, chain: SamplerChain,
                    sequence: Sequence[int]) -> DecideRow:
-        """What :meth:`decide` decides, as one row of :func:`decide_together`."""
+        """This session's decision of ``prep``'s block, scored as ``logits`` (``[len(prep.block), V]``),
+        as a row of ``decide.decide_rounds`` (``decode.step.run_step`` decides a step's rows together,
+        then drops each row's rejected tail and tells its drafter, ``block.observe_round``)."""
         return DecideRow(prep, logits, chain, self.drafter, sequence, rule=self.rule, seed=self.seed,
                          diagnostics=self.diagnostics, synth_probs=self.synth_probs, grammar=self.grammar)
 
@@ -335,24 +327,6 @@ class SpeculativeSession:
         (``verify_cost.VerifyCost.draft_cap``)."""
         c = self.counters
         return c.accepted + self.peek_hits, c.positions_tested + self.peeks_tested
-
-
-def decide_together(rounds: Sequence[tuple[SpeculativeSession, DecideRow, Callable[[int], None]]]
-                    ) -> list[RoundResult | Exception]:
-    """:meth:`SpeculativeSession.decide` for every row of a shared verify forward at once: each
-    ``(session, session.decide_row(...), rewind)`` gets the result its ``decide`` gives, the rows'
-    device work evaluated and read back together (``batch_decide.decide_rounds``), then each row's
-    cache rewound and its drafter told. A row that fails gets its exception; the others go on."""
-    results = decide_rounds([row for _, row, _ in rounds])
-    for i, ((session, row, rewind), result) in enumerate(zip(rounds, results)):
-        if isinstance(result, Exception):
-            continue
-        try:
-            rewind(len(row.prep.block) - (result.accepted + 1))
-            observe_round(session.drafter, row.prep, row.sequence, result)
-        except Exception as exc:
-            results[i] = exc
-    return results
 
 
 @dataclass

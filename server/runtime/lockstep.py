@@ -45,8 +45,6 @@ from typing import TYPE_CHECKING
 
 import mlx.core as mx
 
-from mlxcel.engine.cache.batch import DecodeBatch
-from mlxcel.engine.cache.ragged import RaggedBatch
 from mlxcel.engine.distributed.collectives import broadcast_bytes, sum_ints
 from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.server.runtime.errors import ApiError, not_supported
@@ -77,8 +75,8 @@ def plan_digest(sched: Scheduler) -> int:
         else:
             parts.append((slot.id, run.task.id, len(slot.tokens), run.n_past, len(run.generated),
                           run.generated[-1] if run.generated else -1))
-    parts.append(tuple(sched._batch.rows))
-    parts.append(tuple(sched._ragged.rows))
+    parts.append(tuple(sched.steps.batch.rows))
+    parts.append(tuple(sched.steps.ragged.rows))
     parts.append(tuple(task.id for task in sched._pending))
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
@@ -178,8 +176,7 @@ class Leader:
             if slot.run is not None:
                 slot.run.task.sink(Failed(error))
             slot.empty()
-        sched._batch = DecodeBatch(sched.lm.model)
-        sched._ragged = RaggedBatch(sched.lm.model)
+        sched.steps.reset()
         if self.on_lost is not None:
             self.on_lost()
 
@@ -233,8 +230,7 @@ class Follower:
         sched._pending.clear()
         for slot in sched.slots:
             slot.empty()
-        sched._batch = DecodeBatch(sched.lm.model)
-        sched._ragged = RaggedBatch(sched.lm.model)
+        sched.steps.reset()
 
 
 def _discard(event) -> None:

@@ -4,7 +4,8 @@ A slot keeps the KV cache of the last sequence it ran (``tokens`` says which tok
 holds). A new request reuses the longest common prefix of its prompt with those tokens (the cache
 is rewound to it) and reports the reused length as ``cache_n``. :class:`SlotRun` is the per-request
 state on the engine thread: sampler chain, generated tokens, detokenized text, stop strings,
-timings — everything between "a token was sampled" and "an event goes out".
+timings — everything between "a token was sampled" and "an event goes out". Where a request is in
+its life is its :class:`RunState`, set at each transition, as llama.cpp's ``slot_state``.
 """
 
 from __future__ import annotations
@@ -13,13 +14,14 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import mlx.core as mx
 
-from mlxcel.engine.sampling.batch_select import Draw
+from mlxcel.engine.decode.step import RowOutcome, Sampling
 from mlxcel.engine.sampling.chain import SamplerChain
-from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.engine.speculative.target_features import TargetFeatures
 from mlxcel.server.runtime.detokenizer import IncrementalDetokenizer
@@ -99,16 +101,13 @@ def choose_slot(slots: list[Slot], task: Task, similarity: float = SLOT_PROMPT_S
     return min(free, key=lambda s: s.last_used)
 
 
-@dataclass
-class PendingSample:
-    """A row's next token before it is drawn: the draw (None when the reasoning budget forces
-    ``forced``), and what the ``n_probs`` report reads."""
+class RunState(Enum):
+    """Where a request is in its life (set at each transition, never inferred from other fields)."""
 
-    draw: Draw | None
-    forced: int | None
-    row: mx.array  # [1, V]
-    history: list[int]
-    allowed: mx.array | None
+    PREFILLING = "prefilling"  # its prompt is being fed, a chunk a step
+    DECODING = "decoding"  # one token a step
+    SPECULATING = "speculating"  # a verify round a step (its session is ``SlotRun.spec``)
+    DONE = "done"  # ended (stopped, failed): its slot is released
 
 
 class SlotRun:
@@ -134,15 +133,15 @@ class SlotRun:
         self.pending_drafted: list[bool] = []  # per pending token: an accepted draft (not target-sampled)
         self.pending_probs: list[TokenProb] = []
         self.probs: list[TokenProb] = []
+        self.state = RunState.PREFILLING
         self.stop_type = "none"
         self.stopping_word = ""
         self.truncated = False  # stopped because the slot's context was full
         self.last_nl_pos = 0  # where the line after the last newline of ``text`` starts (n_indent)
-        self.done = False
         self.t_prefill_start: float | None = None
         self.t_prefill_end = 0.0
         self.t_last = 0.0
-        self.spec: SpeculativeSession | None = None  # while this request speculates
+        self.spec: SpeculativeSession | None = None  # its session while SPECULATING
         self.wants_spec = False  # the request speculates once its prefill is done
         self.carried_prep = None  # a round prepared in a pipelined step, verified by the next ordinary one
         self.features: list[TargetFeatures] | None = None  # a model drafter's features of every cached token
@@ -161,11 +160,47 @@ class SlotRun:
         spec = self.opts.reasoning_budget
         self.budget = ReasoningBudget(spec, complete=self._whole_character) if spec is not None else None
 
-    # -- prompt ---------------------------------------------------------------------------------
+    # -- state ----------------------------------------------------------------------------------
 
     @property
     def prefilling(self) -> bool:
-        return self.n_past < len(self.prompt)
+        return self.state is RunState.PREFILLING
+
+    @property
+    def done(self) -> bool:
+        return self.state is RunState.DONE
+
+    def finish(self, stop_type: str) -> None:
+        """The request stops here (``stop_type``: upstream's ``eos``, ``word``, ``limit``)."""
+        self.stop_type = stop_type
+        self.state = RunState.DONE
+
+    def start_speculating(self, spec: SpeculativeSession) -> None:
+        self.spec = spec
+        self.state = RunState.SPECULATING
+
+    def stop_speculating(self) -> None:
+        """Decode plainly from now on (a context shift); the session's counters stay in the report."""
+        if self.spec is not None:
+            self.spec_ended, self.spec = self.spec, None
+        self.features = None
+        if not self.done:
+            self.state = RunState.DECODING
+
+    # -- prompt ---------------------------------------------------------------------------------
+
+    def advance_prompt(self, chunk: list[int], now: float) -> None:
+        """``chunk`` of the prompt is in the cache: a progress event; when it was the last, the run
+        decodes next, or stops at once when it may generate nothing."""
+        self.n_past += len(chunk)
+        self.slot.tokens.extend(chunk)
+        self.progress()
+        if self.n_past < len(self.prompt):
+            return
+        self.state = RunState.DECODING
+        if self.limit() <= 0:
+            self.t_prefill_end = self.t_last = now
+            self.finish("limit")
 
     def progress(self) -> None:
         """A prompt-progress event (``return_progress`` on a stream): at prefill start and after each
@@ -246,38 +281,23 @@ class SlotRun:
         room = self.room()
         return room if self.budget is None else min(room, self.budget.round_limit())
 
-    def sample(self, logits: mx.array, allowed: mx.array | None = None) -> int:
-        """Choose the next token from ``logits[V]`` (the row for this request); while the reasoning
-        budget forces its end tag, the forced token. A constrained request's mask ``allowed``
-        (``[1, V]``) is computed here unless the caller has it. Alone: :meth:`pending_sample` and
-        :meth:`sampled` around this row's own ``SamplerChain.select``."""
-        pending = self.pending_sample(logits, allowed)
-        draw = pending.draw
-        token = pending.forced if draw is None else draw.chain.select(
-            draw.logits, draw.history, seed=draw.seed, first_position=draw.first_position, allowed=draw.allowed)[0]
-        return self.sampled(pending, token)
-
-    def pending_sample(self, logits: mx.array, allowed: mx.array | None = None) -> PendingSample:
-        """The first half of :meth:`sample`: the row's ``batch_select.Draw`` (the batched decode
-        step draws every row's in one pass), or the token the reasoning budget forces."""
-        history = self.prompt + self.generated
-        row = logits[None]
+    def sampling(self) -> Sampling:
+        """How the next token is chosen: the request's chain at the next position, or the token the
+        reasoning budget forces."""
         forced = self.budget.forced if self.budget is not None else None
-        if forced is not None:
-            return PendingSample(None, int(forced), row, history, allowed)
-        if allowed is None and self.grammar is not None:
-            allowed = allowed_rows(self.grammar.masks(), row.shape[-1])
-        draw = Draw(self.chain, row, history, seed=self.seed, first_position=len(history), allowed=allowed)
-        return PendingSample(draw, None, row, history, allowed)
+        return Sampling(self.chain, self.prompt + self.generated, self.seed, self.grammar,
+                        None if forced is None else int(forced))
 
-    def sampled(self, pending: PendingSample, token: int) -> int:
-        """The second half: ``token`` chosen for ``pending``, its ``n_probs`` report recorded (that
-        report reads its probabilities back on its own, after the step's one readback of tokens)."""
+    def sampled(self, outcome: RowOutcome) -> int:
+        """The token a step chose for this row, its ``n_probs`` report recorded (read back on its own,
+        after the step's one readback of tokens)."""
+        token = int(outcome.token)
         if self.opts.n_probs > 0:
-            prob = self._token_probs(pending.row, pending.history, token, pending.allowed)
+            history = self.prompt + self.generated
+            prob = self._token_probs(outcome.logits[-1:], history, token, outcome.allowed)
             self.probs.append(prob)
             self.pending_probs.append(prob)
-        return int(token)
+        return token
 
     def _token_probs(self, row: mx.array, history: list[int], token: int, allowed: mx.array | None) -> TokenProb:
         """What ``n_probs`` reports for this position: log-probabilities of the raw distribution,
@@ -302,8 +322,7 @@ class SlotRun:
         if self.budget is not None:
             self.budget.accept(token)
         if token in self.eos_ids and not self.opts.sampler.ignore_eos:
-            self.stop_type = "eos"
-            self.done = True
+            self.finish("eos")
         else:
             delta = self.detok.add(token)
             if delta:
@@ -313,18 +332,16 @@ class SlotRun:
                     hit = find_stop(self.text, self.opts.stop, start - self.max_stop + 1)
                     if hit is not None:
                         self.text = self.text[:hit[0]]
-                        self.stop_type, self.stopping_word = "word", hit[1]
-                        self.done = True
+                        self.stopping_word = hit[1]
+                        self.finish("word")
                 if not self.done:
                     self._line_limits(delta, now)
         if not self.done and self.grammar is not None and self.grammar.stopped:
-            self.stop_type = "eos"  # the grammar is complete: only end-of-sequence could follow
-            self.done = True
+            self.finish("eos")  # the grammar is complete: only end-of-sequence could follow
         if not self.done and len(self.generated) >= self.limit():
-            self.stop_type = "limit"
             if not self.context_shift:
                 self.truncated = len(self.prompt) + len(self.generated) >= self.slot.n_ctx  # the context is full
-            self.done = True
+            self.finish("limit")
         if self.opts.stream:
             self._stream(final=self.done)
 
@@ -341,14 +358,14 @@ class SlotRun:
                     pos += 1
                 if pos < len(self.text) and pos - self.last_nl_pos < n_indent:
                     self.text = self.text[:pos]
-                    self.stop_type, self.done = "limit", True
+                    self.finish("limit")
                     return
             newline = self.text.find("\n", self.last_nl_pos)
             if newline >= 0:
                 self.last_nl_pos = newline + 1
         limit_ms = self.opts.t_max_predict_ms
         if limit_ms > 0 and "\n" in delta and (now - self.t_prefill_end) * 1e3 > limit_ms:
-            self.stop_type, self.done = "limit", True
+            self.finish("limit")
 
     def _stream(self, final: bool) -> None:
         """Send the text that can no longer turn into a stop string (all of it once done)."""
@@ -371,7 +388,7 @@ class SlotRun:
         """End the request with ``error`` (its stream gets an error event); the slot keeps its
         cache, as after any other end, and no final result is sent."""
         self.task.sink(Failed(error))
-        self.done, self.task_failed = True, True
+        self.state, self.task_failed = RunState.DONE, True
 
     # -- results --------------------------------------------------------------------------------
 

@@ -38,7 +38,6 @@ from mlxcel.engine.speculative.block import align_q, prepare_round, round_result
 from mlxcel.engine.speculative.decide import DecideRow, decide_one, decide_rounds
 from mlxcel.engine.speculative.drafter import Drafter
 from mlxcel.engine.speculative.proposal import Proposal
-from mlxcel.engine.speculative.session import SpeculativeSession, decide_together
 
 BASE = SamplerParams()
 GREEDY = replace(BASE, temperature=0.0)
@@ -247,24 +246,3 @@ def test_a_row_that_fails_fails_alone(tiny_llama, monkeypatch):
     monkeypatch.setattr(batch_select, "_read",
                         lambda arrays: (_ for _ in ()).throw(RuntimeError("boom")) if len(arrays) > 2 else real(arrays))
     assert [summary(r) for r in decide_rounds(rows)] == expected
-
-
-def test_decide_together_is_each_sessions_decide(tiny_llama):
-    """The session layer: each row's rewind and drafter are told what its own decide tells them."""
-    lm = tiny_llama
-    results, rewinds = [], []
-    batched = []
-    for n, (text, params) in enumerate(zip(TEXTS, (GREEDY, BASE, replace(BASE, temperature=1.5), GREEDY))):
-        for mode in ("alone", "together"):
-            row = make_row(lm, text, GREEDY_ARGMAX if params.greedy else SAMPLER_MATCH, params, seed=n, wrong_at=n)
-            session = SpeculativeSession(row.drafter, params, n_max=4)
-            session.seed = n
-            if mode == "alone":
-                rewound = []
-                results.append(session.decide(row.prep, row.logits, row.chain, row.sequence, rewound.append))
-                rewinds.append((rewound, list(row.drafter.observed)))
-            else:
-                batched.append((session, session.decide_row(row.prep, row.logits, row.chain, row.sequence), []))
-    together = decide_together([(s, r, log.append) for s, r, log in batched])
-    assert [summary(r) for r in together] == [summary(r) for r in results]
-    assert [(log, list(r.drafter.observed)) for _, r, log in batched] == rewinds

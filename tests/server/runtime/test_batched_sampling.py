@@ -1,5 +1,5 @@
 """The scheduler's batched decode step and shared verify step draw every row in one pass
-(batch_select.select_draws, session.decide_together), in process on a tiny real checkpoint: each
+(batch_select.select_draws, decide.decide_rounds, as engine.decode.step.run_step calls them), in process on a tiny real checkpoint: each
 call carries every row of its step, and every row's token (every row's round) is the one its own
 per-row path gives, on the scheduler's real rows: greedy, seeded sampling, penalties, a grammar,
 prompt lookup's verify rounds; a row whose sampling fails fails alone."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import pytest
 
+from mlxcel.engine.decode import step as step_module
 from mlxcel.engine.sampling.grammar import GBNF, compile_grammar
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.decide import decide_one
-from mlxcel.server.runtime import scheduler as scheduler_module
 from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.reasoning_budget import BudgetSpec
 from mlxcel.server.runtime.scheduler import Scheduler
@@ -64,7 +64,7 @@ def run_all(scheduler, batch):
 def spy_draws(monkeypatch):
     """Every select_draws call's width, each row checked against its own SamplerChain.select."""
     widths = []
-    real = scheduler_module.select_draws
+    real = step_module.select_draws
 
     def spy(draws):
         got = real(draws)
@@ -73,7 +73,7 @@ def spy_draws(monkeypatch):
             assert tokens == d.chain.select(d.logits, d.history, d.appended, d.seed, d.first_position, d.allowed)
         return got
 
-    monkeypatch.setattr(scheduler_module, "select_draws", spy)
+    monkeypatch.setattr(step_module, "select_draws", spy)
     return widths
 
 
@@ -90,13 +90,13 @@ def test_the_decode_step_draws_every_row_in_one_call_each_as_alone(tiny_llama, m
 
 
 def test_a_row_whose_draw_fails_fails_alone(tiny_llama, monkeypatch):
-    real = scheduler_module.select_draws
+    real = step_module.select_draws
 
     def failing(draws):
         got = real(draws)
         return [RuntimeError("boom") if d.seed == 101 else g for d, g in zip(draws, got)]
 
-    monkeypatch.setattr(scheduler_module, "select_draws", failing)
+    monkeypatch.setattr(step_module, "select_draws", failing)
     scheduler = Scheduler(tiny_llama, n_slots=6)
     batch = tasks(tiny_llama)
     run_all(scheduler, batch)
@@ -113,17 +113,17 @@ def lookup(tiny_llama):
 
 def test_the_verify_step_decides_every_row_in_one_call_each_as_alone(tiny_llama, lookup, monkeypatch):
     widths = []
-    real = scheduler_module.decide_together
+    real = step_module.decide_rounds
 
-    def spy(rounds):
-        expected = [decide_one(row) for _, row, _ in rounds]
-        got = real(rounds)
-        widths.append(len(rounds))
+    def spy(rows):
+        expected = [decide_one(row) for row in rows]
+        got = real(rows)
+        widths.append(len(rows))
         for e, g in zip(expected, got):
             assert (g.emitted, g.accepted, g.tested, g.proposed) == (e.emitted, e.accepted, e.tested, e.proposed)
         return got
 
-    monkeypatch.setattr(scheduler_module, "decide_together", spy)
+    monkeypatch.setattr(step_module, "decide_rounds", spy)
     scheduler = Scheduler(tiny_llama, n_slots=6, speculation=lookup)
     batch = tasks(tiny_llama, grammar_at=(1,), n_predict=16)
     run_all(scheduler, batch)

@@ -85,7 +85,7 @@ def summary(results):
 
 def scheduler_for(lm, run_ahead: bool, n_slots=4, speculation=None) -> Scheduler:
     scheduler = Scheduler(lm, n_slots=n_slots, n_ctx=512, speculation=speculation)
-    scheduler._run_ahead = run_ahead
+    scheduler.steps.pipeline.enabled = run_ahead
     return scheduler
 
 
