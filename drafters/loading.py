@@ -1,7 +1,10 @@
 """Loading what a chosen drafter kind needs, once, into a :class:`DrafterSource` that makes one
-fresh drafter per sequence: a draft model (checked against the target's vocabulary), a drafter
-network bound to the target, or nothing (prompt lookup). Also :func:`load_target`, the engine's
-model loader with drafter-only checkpoints refused (``registry.refuse_as_model``)."""
+fresh drafter per sequence, through the loader the kind declares (``registry.DrafterKind.load``):
+a draft model checked against the target's vocabulary, nothing (prompt lookup), or a model-based
+kind's network, which is bound to the target here, the same way for every such kind. Also
+:func:`load_target`, the engine's model loader with drafter-only checkpoints refused
+(``registry.refuse_as_model``), and :func:`load_model_drafter`, a bare network for tests and
+benchmarks."""
 
 from __future__ import annotations
 
@@ -15,30 +18,20 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlxcel.drafters.dflash.drafter import DFlashDrafter
-from mlxcel.drafters.dflash.dspark import DSparkDrafter
-from mlxcel.drafters.dflash.muse_glimmer import MuseGlimmerDrafter
-from mlxcel.drafters.dflash.structure import dflash_family
-from mlxcel.drafters.draft_model import DraftModelDrafter, check_same_vocabulary
-from mlxcel.drafters.lookup.governor import GovernedPromptLookupDrafter
-from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
-from mlxcel.drafters.mtp.drafter import MtpDrafter
-from mlxcel.drafters.mtp.gemma4_assistant import Gemma4AssistantDrafter
-from mlxcel.drafters.mtp.structure import is_gemma4_assistant
 from mlxcel.drafters.registry import (
-    DRAFT_MODEL,
-    MTP_LOOP,
-    PROMPT_LOOKUP,
+    KINDS,
     Choice,
     DrafterKind,
     LookupOptions,
+    checkpoint_kind,
     read_drafter_config,
     refuse_as_model,
 )
+from mlxcel.drafters.source import DrafterSource, SourceRequest
 from mlxcel.engine.errors import MlxcelError
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.model.loading import load_model
-from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
+from mlxcel.engine.speculative.drafter import ModelDrafter
 
 log = logging.getLogger(__name__)
 
@@ -50,79 +43,54 @@ def load_target(model: str | Path | None = None, *, hf_repo: str | None = None,
     return load_model(model, hf_repo=hf_repo, hf_file=hf_file, check_config=refuse_as_model, shard=shard)
 
 
-class DrafterSource:
-    """A loaded kind: makes one fresh drafter per sequence (:meth:`new`). ``declared_block`` is
-    the kind's default block once loaded (a model-based drafter's is its checkpoint's)."""
-
-    def __init__(self, kind: DrafterKind, make: Callable[[int, int | None], Drafter], declared_block: int,
-                 description: str, model_drafter: ModelDrafter | None = None):
-        self.kind = kind
-        self._make = make
-        self.declared_block = declared_block
-        self.description = description
-        self.model_drafter = model_drafter  # the bound network every sequence's drafter shares
-
-    def new(self, n_min: int = 0, ngram_max: int | None = None) -> Drafter:
-        """A drafter for one sequence; ``n_min`` lets a drafter retract blocks too short to verify, and
-        ``ngram_max`` (prompt lookup only) overrides the longest n-gram it matches."""
-        return self._make(n_min, ngram_max)
-
-
 def load(choice: Choice, target: LoadedModel, *, lookup: LookupOptions = LookupOptions(),
          prefill_step: int = 512) -> DrafterSource:
     """Load what ``choice`` needs against ``target`` (at startup, so no request pays the disk load)."""
     start = time.perf_counter()
     kind = choice.kind
-    if kind is PROMPT_LOOKUP:
-        return _lookup_source(lookup)
-    if kind is DRAFT_MODEL:
-        draft = load_target(choice.draft_model, hf_repo=choice.draft_hf)
-        check_same_vocabulary(target, draft)
-        return DrafterSource(
-            kind, lambda n_min, _: DraftModelDrafter(draft, target_vocab_size=target.vocab_size, prefill_step=prefill_step),
-            kind.default_block, f"draft-model {draft.name} in {time.perf_counter() - start:.2f} s")
-    drafter = load_model_drafter(choice.draft_model, kind, target, prefill_step=prefill_step)
+    loaded = kind.loader()(_request(kind, choice.draft_model, target, draft_hf=choice.draft_hf, lookup=lookup,
+                                    prefill_step=prefill_step))
+    expected = ModelDrafter if kind.model_based else DrafterSource
+    if not isinstance(loaded, expected):
+        raise TypeError(f"the {kind.name} kind's loader ({kind.load}) returned a {type(loaded).__name__}, not a "
+                        f"{expected.__name__} (model_based={kind.model_based})")
+    if not kind.model_based:
+        return loaded
+    return _bound_source(loaded, target, choice.draft_model or "the target's own MTP layers", start)
+
+
+def _bound_source(drafter: ModelDrafter, target: LoadedModel, where: str, start: float) -> DrafterSource:
+    """A model-based kind's network bound to ``target``: each sequence drafts with a shallow copy of it."""
     drafter.bind(target.model)
     _materialize(drafter)
-    where = choice.draft_model or "the target's own MTP layers"
     if drafter.feature_layers:
         where += f", reads target layers {list(drafter.feature_layers)}"
-    return DrafterSource(kind, lambda n_min, _: copy.copy(drafter), drafter.declared_block,
+    return DrafterSource(lambda n_min, _: copy.copy(drafter), drafter.declared_block,
                          f"{drafter.kind} ({where}) in {time.perf_counter() - start:.2f} s", model_drafter=drafter)
-
-
-def _lookup_source(lookup: LookupOptions) -> DrafterSource:
-    lo, hi = lookup.ngram_min, max(lookup.ngram_min, lookup.ngram_max)
-    if lookup.governed:
-        def make(n_min: int, ngram_max: int | None) -> Drafter:
-            return GovernedPromptLookupDrafter(lo, max(lo, ngram_max or hi), n_min=n_min, adaptive=lookup.adaptive)
-        how = f"adaptive {'on' if lookup.adaptive else 'off'}"
-    else:
-        def make(n_min: int, ngram_max: int | None) -> Drafter:
-            return PromptLookupDrafter(lo, max(lo, ngram_max or hi))
-        how = "pauses after a block with nothing accepted"
-    return DrafterSource(PROMPT_LOOKUP, make, PROMPT_LOOKUP.default_block,
-                         f"prompt-lookup (n-gram {lo}..{hi}, {how})")
 
 
 def load_model_drafter(path: str | Path | None, kind: DrafterKind | None = None, target: LoadedModel | None = None,
                        *, target_vocab_size: int | None = None, prefill_step: int = 512) -> ModelDrafter:
-    """The model-based drafter a checkpoint describes (DFlash, DSpark or Muse Glimmer assistant by
-    structure; for the MTP kinds the target's own layers or a NextN assistant), loaded, not bound."""
-    if kind is not None and kind.loop == MTP_LOOP:
-        if path and is_gemma4_assistant(read_drafter_config(path)):
-            return Gemma4AssistantDrafter.load(path)
-        if target is None:
-            raise ValueError("an MTP drafter is read against its target")
-        return MtpDrafter.load(target.path, path, prefill_step=prefill_step)
-    family = dflash_family(read_drafter_config(path)) if path else None
-    classes = {"dflash": DFlashDrafter, "dspark": DSparkDrafter, "muse-glimmer": MuseGlimmerDrafter}
-    if family not in classes:
-        raise MlxcelError(f"{path} is not a DFlash, DSpark or Muse Glimmer assistant drafter checkpoint "
-                          "(its config.json names none of their structures)")
-    vocab = target_vocab_size if target is None else target.vocab_size
-    extra = {} if target is None else {"eos_token_ids": target.eos_token_ids, "tokenizer": target.tokenizer}
-    return classes[family].load(path, target_vocab_size=vocab, **extra)
+    """The model-based drafter a checkpoint describes, loaded, not bound: the kind its config.json is by
+    structure (on ``kind``'s round loop when one is named), else ``kind`` (the MTP kinds read the
+    target's own layers without a checkpoint)."""
+    structure = checkpoint_kind(read_drafter_config(path)) if path else None
+    if structure is not None and (kind is None or structure.loop == kind.loop):
+        kind = structure
+    if kind is None or not kind.model_based:
+        names = ", ".join(k.name for k in KINDS if k.model_based and k.structure is not None)
+        raise MlxcelError(f"{path} is not a model-based drafter checkpoint (its config.json names the structure "
+                          f"of none of {names})")
+    return kind.loader()(_request(kind, path, target, target_vocab_size=target_vocab_size,
+                                  prefill_step=prefill_step))
+
+
+def _request(kind: DrafterKind, draft_model: str | Path | None, target: LoadedModel | None,
+             **settings) -> SourceRequest:
+    path = str(draft_model) if draft_model else None
+    return SourceRequest(kind.drafter_class(), target, draft_model=path,
+                         config=read_drafter_config(path) if path else {}, default_block=kind.default_block,
+                         **settings)
 
 
 def _materialize(drafter: ModelDrafter) -> None:

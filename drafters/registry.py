@@ -2,18 +2,20 @@
 
 A :class:`DrafterKind` says what the command line calls it (``--draft-kind`` name, the upstream
 ``--spec-type`` names that select it), which round loop serves it (what a response's ``timings``
-report as ``draft_kind``), what ``-md`` must be, how its drafter-only checkpoint is recognised by
-structure, its default block, and whether it is greedy-only. The server's flags, ``mlxcel
-generate``'s flags, every refusal message and the compat record read this table; nothing else
-lists kinds.
+report as ``draft_kind``), what ``-md`` must be and how it is checked, how its drafter-only
+checkpoint is recognised by structure, its default block, its drafter class (and so whether it is
+greedy-only), its loader, and whether it is model-based. The server's flags, ``mlxcel generate``'s
+flags, every refusal message and the compat record read this table; nothing else lists kinds, and
+nothing else names a kind's class or loader. A new kind is one :func:`register` call plus its
+package.
 
 :func:`choose` turns the speculative flags (``--spec-type``, ``--draft-kind``, ``-md``,
-``--spec-default``) into one kind, exactly as both commands resolve them; ``loading.load`` loads
-what that kind needs (a draft model, a drafter network bound to the target) once.
+``--spec-default``) into one kind, exactly as both commands resolve them; ``drafters.drafter_setup.set_up``
+loads what that kind needs (through its loader, ``drafters.loading.load``) once, for both.
 
 Structure, not names: a drafter-only checkpoint (DFlash, DSpark, the Muse Glimmer assistant, a
 NextN MTP assistant) has no embeddings or LM head of its own, so it is never a standalone model.
-It is recognised from its config.json by each kind's own detector (``dflash.checkpoint``,
+It is recognised from its config.json by each kind's own detector (``dflash.structure``,
 ``mtp.structure``); :func:`refuse_as_model` refuses such a directory as a target model, naming
 the round loop that runs it (``loading.load_target`` passes it to the engine's loader).
 
@@ -35,7 +37,8 @@ from mlxcel.drafters.mtp.structure import is_assistant_checkpoint
 from mlxcel.engine.errors import MlxcelError, ModelLoadError
 
 if TYPE_CHECKING:
-    from mlxcel.engine.speculative.drafter import Drafter
+    from mlxcel.drafters.source import DrafterSource, SourceRequest
+    from mlxcel.engine.speculative.drafter import Drafter, ModelDrafter
 
 SERVER_COMMAND = "mlxcel-server"
 LOOKUP_NGRAM_MIN = 1  # shortest n-gram prompt lookup matches
@@ -47,8 +50,37 @@ class DrafterChoiceError(MlxcelError):
 
 
 @dataclass(frozen=True)
+class DraftModelFlag:
+    """What ``-md`` / ``-hfd`` gave, and the drafter-only kind the ``-md`` checkpoint is by structure."""
+
+    path: str | None = None
+    hf: str | None = None
+    structure: DrafterKind | None = None
+
+    @property
+    def given(self) -> bool:
+        return bool(self.path or self.hf)
+
+
+def refuse_draft_model(kind: DrafterKind, md: DraftModelFlag) -> DrafterKind:
+    """The check of a kind that drafts without a second model (the default)."""
+    if md.given:
+        raise DrafterChoiceError(f"{kind.name} needs no draft model; drop -md")
+    return kind
+
+
+@dataclass(frozen=True)
 class DrafterKind:
-    """One drafter kind, as every flag, message and record refers to it."""
+    """One drafter kind, as every flag, message and record refers to it.
+
+    Everything a kind is, it declares here: ``drafter`` is its class and ``load`` its loader, both
+    ``"module:name"`` strings resolved on first use (:meth:`drafter_class`, :meth:`loader`: the
+    table is read while the command line is checked, before anything loads, and the drafter modules
+    pull in mlx-lm and with it transformers, a second or more of imports a refused command line
+    should not pay). The loader is handed a ``source.SourceRequest`` and returns a
+    ``source.DrafterSource``, or, for a ``model_based`` kind, its network (a ``ModelDrafter``) that
+    ``loading`` binds to the target. ``check`` turns the kind the flags named into the concrete one
+    once ``-md`` is checked against it (:meth:`checked`)."""
 
     name: str  # the --draft-kind name
     loop: str  # the round loop that serves it; what timings report as draft_kind
@@ -56,63 +88,152 @@ class DrafterKind:
     summary: str  # one phrase, for help texts and the compat record
     flags: str  # how a command line asks for it
     draft_model: str  # what -md must be: "none", "file" (a model), "dir" (its checkpoint), "optional"
-    drafter: str  # "module:Class" of the class that drafts for it; resolved on first use (drafter_class)
+    drafter: str  # "module:Class" of the class that drafts for it
+    load: str  # "module:function" of its loader
     structure: Callable[[dict], bool] | None = None  # recognises its drafter-only checkpoint
     default_block: int | None = None  # drafts per round by default; None: what the drafter declares
     exact: bool = True  # a request naming it insists on it (False: any checkpoint on its round loop)
+    model_based: bool = False  # a network reading the target's hidden states (its class is a ModelDrafter)
+    check: Callable[[DrafterKind, DraftModelFlag], DrafterKind] = refuse_draft_model
 
     def drafter_class(self) -> type[Drafter]:
-        """The drafter class, imported on first use: the table is read while the command line is
-        checked, before anything loads, and the drafter modules pull in mlx-lm (and with it
-        transformers), a second or more of imports a refused command line should not pay."""
-        module, name = self.drafter.split(":")
-        return getattr(importlib.import_module(module), name)
+        """The drafter class, imported on first use."""
+        return _resolve(self.drafter)
+
+    def loader(self) -> Callable[[SourceRequest], DrafterSource | ModelDrafter]:
+        """The loader, imported on first use."""
+        return _resolve(self.load)
+
+    def checked(self, md: DraftModelFlag) -> DrafterKind:
+        """The concrete kind, once ``-md`` is checked against what this kind needs
+        (:class:`DrafterChoiceError` when it cannot serve)."""
+        return self.check(self, md)
 
     @property
     def greedy_only(self) -> bool:
         """Sampling requests are declined and decoded plainly (the drafter class's own trait)."""
         return self.drafter_class().greedy_only
 
-    @property
-    def model_based(self) -> bool:
-        """A drafter network that reads the target's hidden states (a ``ModelDrafter``)."""
-        return self.loop in (DFLASH_LOOP, MTP_LOOP)
+
+def _resolve(target: str):
+    module, name = target.split(":")
+    return getattr(importlib.import_module(module), name)
 
 
 DFLASH_LOOP = "dflash"
 MTP_LOOP = "mtp"
 
-PROMPT_LOOKUP = DrafterKind(
-    "prompt-lookup", "prompt-lookup", ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"),
-    "copies what followed an earlier occurrence of the last n tokens (no second model)",
-    "--spec-type ngram-simple", "none", "mlxcel.drafters.lookup.prompt_lookup:PromptLookupDrafter", default_block=32)
-DRAFT_MODEL = DrafterKind(
-    "draft-model", "draft-model", ("draft-simple",), "a small model sharing the target's vocabulary",
-    "--spec-type draft-simple -md FILE", "file", "mlxcel.drafters.draft_model:DraftModelDrafter", default_block=3)
-DFLASH = DrafterKind(
-    "dflash", DFLASH_LOOP, ("draft-dflash",), "a DFlash block drafter reading the target's hidden states",
-    "--spec-type draft-dflash -md DIR", "dir", "mlxcel.drafters.dflash.drafter:DFlashDrafter", lambda c: dflash_family(c) == "dflash", exact=False)
-DSPARK = DrafterKind(
-    "dspark", DFLASH_LOOP, ("draft-dspark",), "an LFM2 DSpark drafter (greedy chains only)",
-    "--spec-type draft-dspark -md DIR", "dir", "mlxcel.drafters.dflash.dspark:DSparkDrafter", lambda c: dflash_family(c) == "dspark")
-MUSE_GLIMMER = DrafterKind(
-    "muse-glimmer", DFLASH_LOOP, (), "the Muse Glimmer assistant (widens its block when it pays)",
-    "--draft-kind muse-glimmer -md DIR", "dir", "mlxcel.drafters.dflash.muse_glimmer:MuseGlimmerDrafter", lambda c: dflash_family(c) == "muse-glimmer")
-MTP = DrafterKind(
-    "mtp", MTP_LOOP, ("draft-mtp",), "multi-token-prediction layers: the target's own, or a NextN assistant",
-    "--spec-type draft-mtp [-md DIR]", "optional", "mlxcel.drafters.mtp.drafter:MtpDrafter", is_assistant_checkpoint, exact=False)
-INTERNAL_MTP = DrafterKind(
-    "internal-mtp", MTP_LOOP, (), "the target's own multi-token-prediction layers",
-    "--draft-kind internal-mtp", "none", "mlxcel.drafters.mtp.drafter:MtpDrafter")
 
-KINDS: tuple[DrafterKind, ...] = (PROMPT_LOOKUP, DRAFT_MODEL, DFLASH, DSPARK, MUSE_GLIMMER, MTP, INTERNAL_MTP)
-BY_NAME = {k.name: k for k in KINDS}
-BY_SPEC_TYPE = {t: k for k in KINDS for t in k.spec_types}
+# -- each kind's check of -md ---------------------------------------------------------------------
+
+
+def _lookup_check(kind: DrafterKind, md: DraftModelFlag) -> DrafterKind:
+    if md.given:
+        raise DrafterChoiceError("prompt lookup needs no draft model; drop -md or use --spec-type draft-simple")
+    return kind
+
+
+def _draft_model_check(kind: DrafterKind, md: DraftModelFlag) -> DrafterKind:
+    if not md.given:
+        raise DrafterChoiceError("--spec-type draft-simple needs a draft model: pass -md/--spec-draft-model FILE")
+    if md.structure is not None:
+        raise DrafterChoiceError(
+            f"{md.path} is a {md.structure.name} drafter checkpoint (no embeddings or LM head of its own), "
+            f"not a draft model; run it with {md.structure.flags.replace('DIR', str(md.path))} (or -md alone)")
+    return kind
+
+
+def _dflash_check(kind: DrafterKind, md: DraftModelFlag) -> DrafterKind:
+    """Any kind on the DFlash round loop: the checkpoint's structure says which one it is."""
+    if not md.path:
+        raise DrafterChoiceError("the DFlash round loop needs its drafter: pass -md DIR (a DFlash, DSpark or "
+                                 "Muse Glimmer assistant checkpoint directory)")
+    structure = md.structure
+    if structure is None or structure.loop != DFLASH_LOOP:
+        raise DrafterChoiceError(
+            f"{md.path} is not a DFlash, DSpark or Muse Glimmer assistant checkpoint (its config.json has "
+            "no dflash_config, DFlashDraftModel, Lfm2DSparkDraftModel or muse_glimmer_assistant); an ordinary "
+            "small model drafts with --spec-type draft-simple")
+    if kind.exact and structure is not kind:
+        raise DrafterChoiceError(f"{kind.name} was asked for, but {md.path} is a {structure.name} "
+                                 "drafter checkpoint")
+    return structure
+
+
+def _mtp_check(kind: DrafterKind, md: DraftModelFlag) -> DrafterKind:
+    """Either kind on the MTP round loop: an assistant checkpoint given is MTP, none is INTERNAL_MTP."""
+    if kind is INTERNAL_MTP and md.path:
+        raise DrafterChoiceError("--draft-kind internal-mtp uses the target's own MTP layers; drop -md")
+    if md.hf and not md.path:
+        raise DrafterChoiceError("an MTP assistant is read from a local directory: pass -md DIR")
+    if md.path and md.structure is not MTP:
+        what = (f"a {md.structure.name} drafter checkpoint" if md.structure
+                else "not a NextN MTP assistant or Gemma 4 assistant checkpoint")
+        raise DrafterChoiceError(f"--spec-type draft-mtp: {md.path} is {what}; pass an MTP assistant to -md, "
+                                 "or no -md to use the target's own MTP layers")
+    return MTP if md.path else INTERNAL_MTP
+
+
+# -- the table ------------------------------------------------------------------------------------
+
+KINDS: list[DrafterKind] = []  # in registration order; grown in place by register()
+BY_NAME: dict[str, DrafterKind] = {}
+BY_SPEC_TYPE: dict[str, DrafterKind] = {}
 # Upstream's --spec-type names that select no kind here.
 SPEC_TYPE_NONE = "none"
 SPEC_TYPE_REFUSED = {"draft-eagle3": "EAGLE-3 drafters are not implemented in mlxcel; use draft-dflash, draft-mtp, "
                                      "draft-simple with -md, or ngram-simple"}
-SPEC_TYPES = (SPEC_TYPE_NONE, *BY_SPEC_TYPE, *SPEC_TYPE_REFUSED)
+SPEC_TYPES: list[str] = [SPEC_TYPE_NONE, *SPEC_TYPE_REFUSED]  # every --spec-type name, the refused ones last
+
+
+def register(kind: DrafterKind) -> DrafterKind:
+    """Add ``kind`` to the table: the one entry point, so a new kind is one call to this plus its
+    package. Names and ``--spec-type`` names must be new."""
+    if kind.name in BY_NAME:
+        raise ValueError(f"drafter kind {kind.name!r} is already registered")
+    taken = [t for t in kind.spec_types if t in BY_SPEC_TYPE or t in SPEC_TYPE_REFUSED or t == SPEC_TYPE_NONE]
+    if taken:
+        raise ValueError(f"--spec-type {', '.join(taken)} already selects another kind")
+    KINDS.append(kind)
+    BY_NAME[kind.name] = kind
+    BY_SPEC_TYPE.update((t, kind) for t in kind.spec_types)
+    SPEC_TYPES[:] = [SPEC_TYPE_NONE, *BY_SPEC_TYPE, *SPEC_TYPE_REFUSED]
+    return kind
+
+
+PROMPT_LOOKUP = register(DrafterKind(
+    "prompt-lookup", "prompt-lookup", ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"),
+    "copies what followed an earlier occurrence of the last n tokens (no second model)", "--spec-type ngram-simple",
+    "none", "mlxcel.drafters.lookup.prompt_lookup:PromptLookupDrafter", "mlxcel.drafters.lookup.source:load_source",
+    default_block=32, check=_lookup_check))
+DRAFT_MODEL = register(DrafterKind(
+    "draft-model", "draft-model", ("draft-simple",), "a small model sharing the target's vocabulary",
+    "--spec-type draft-simple -md FILE", "file", "mlxcel.drafters.draft_model:DraftModelDrafter",
+    "mlxcel.drafters.draft_model_source:load_source", default_block=3, check=_draft_model_check))
+DFLASH = register(DrafterKind(
+    "dflash", DFLASH_LOOP, ("draft-dflash",), "a DFlash block drafter reading the target's hidden states",
+    "--spec-type draft-dflash -md DIR", "dir", "mlxcel.drafters.dflash.drafter:DFlashDrafter",
+    "mlxcel.drafters.dflash.source:load_network", lambda c: dflash_family(c) == "dflash", exact=False,
+    model_based=True, check=_dflash_check))
+DSPARK = register(DrafterKind(
+    "dspark", DFLASH_LOOP, ("draft-dspark",), "an LFM2 DSpark drafter (greedy chains only)",
+    "--spec-type draft-dspark -md DIR", "dir", "mlxcel.drafters.dflash.dspark:DSparkDrafter",
+    "mlxcel.drafters.dflash.source:load_network", lambda c: dflash_family(c) == "dspark",
+    model_based=True, check=_dflash_check))
+MUSE_GLIMMER = register(DrafterKind(
+    "muse-glimmer", DFLASH_LOOP, (), "the Muse Glimmer assistant (widens its block when it pays)",
+    "--draft-kind muse-glimmer -md DIR", "dir", "mlxcel.drafters.dflash.muse_glimmer:MuseGlimmerDrafter",
+    "mlxcel.drafters.dflash.source:load_network", lambda c: dflash_family(c) == "muse-glimmer",
+    model_based=True, check=_dflash_check))
+MTP = register(DrafterKind(
+    "mtp", MTP_LOOP, ("draft-mtp",), "multi-token-prediction layers: the target's own, or a NextN assistant",
+    "--spec-type draft-mtp [-md DIR]", "optional", "mlxcel.drafters.mtp.drafter:MtpDrafter",
+    "mlxcel.drafters.mtp.source:load_network", is_assistant_checkpoint, exact=False,
+    model_based=True, check=_mtp_check))
+INTERNAL_MTP = register(DrafterKind(
+    "internal-mtp", MTP_LOOP, (), "the target's own multi-token-prediction layers",
+    "--draft-kind internal-mtp", "none", "mlxcel.drafters.mtp.drafter:MtpDrafter",
+    "mlxcel.drafters.mtp.source:load_network", model_based=True, check=_mtp_check))
 
 
 def kind_names() -> str:
@@ -120,10 +241,11 @@ def kind_names() -> str:
 
 
 def upstream_type(kind: DrafterKind) -> str:
-    """The upstream ``--spec-type`` name a server running ``kind`` answers to (``speculative.types``)."""
+    """The upstream ``--spec-type`` name a server running ``kind`` answers to (``speculative.types``): its
+    own, else its round loop's; a kind on a loop upstream has no name for answers to its own name."""
     if kind.spec_types:
         return kind.spec_types[0]
-    return next(k.spec_types[0] for k in KINDS if k.loop == kind.loop and k.spec_types)
+    return next((k.spec_types[0] for k in KINDS if k.loop == kind.loop and k.spec_types), kind.name)
 
 
 # -- checkpoints by structure ---------------------------------------------------------------------
@@ -229,50 +351,8 @@ def choose(*, spec_types: list[str] | tuple[str, ...] = (), draft_kind: str | No
     if not named:
         return None
     (kind,) = named.values()
-    kind = _checked(kind, structure, draft_model, draft_hf)
+    kind = kind.checked(DraftModelFlag(draft_model, draft_hf, structure))
     return Choice(kind, draft_model=draft_model, draft_hf=draft_hf, notes=tuple(notes))
-
-
-def _checked(kind: DrafterKind, structure: DrafterKind | None, draft_model: str | None,
-             draft_hf: str | None) -> DrafterKind:
-    """The concrete kind, once ``-md`` is checked against what ``kind`` needs."""
-    has_model = bool(draft_model or draft_hf)
-    if kind is DRAFT_MODEL:
-        if not has_model:
-            raise DrafterChoiceError("--spec-type draft-simple needs a draft model: pass -md/--spec-draft-model FILE")
-        if structure is not None:
-            raise DrafterChoiceError(
-                f"{draft_model} is a {structure.name} drafter checkpoint (no embeddings or LM head of its own), "
-                f"not a draft model; run it with {structure.flags.replace('DIR', str(draft_model))} (or -md alone)")
-        return kind
-    if kind is PROMPT_LOOKUP:
-        if has_model:
-            raise DrafterChoiceError("prompt lookup needs no draft model; drop -md or use --spec-type draft-simple")
-        return kind
-    if kind.loop == DFLASH_LOOP:
-        if not draft_model:
-            raise DrafterChoiceError("the DFlash round loop needs its drafter: pass -md DIR (a DFlash, DSpark or "
-                                     "Muse Glimmer assistant checkpoint directory)")
-        if structure is None or structure.loop != DFLASH_LOOP:
-            raise DrafterChoiceError(
-                f"{draft_model} is not a DFlash, DSpark or Muse Glimmer assistant checkpoint (its config.json has "
-                "no dflash_config, DFlashDraftModel, Lfm2DSparkDraftModel or muse_glimmer_assistant); an ordinary "
-                "small model drafts with --spec-type draft-simple")
-        if kind.exact and structure is not kind:
-            raise DrafterChoiceError(f"{kind.name} was asked for, but {draft_model} is a {structure.name} "
-                                     "drafter checkpoint")
-        return structure
-    # the MTP round loop
-    if kind is INTERNAL_MTP and draft_model:
-        raise DrafterChoiceError("--draft-kind internal-mtp uses the target's own MTP layers; drop -md")
-    if draft_hf and not draft_model:
-        raise DrafterChoiceError("an MTP assistant is read from a local directory: pass -md DIR")
-    if draft_model and structure is not MTP:
-        what = (f"a {structure.name} drafter checkpoint" if structure
-                else "not a NextN MTP assistant or Gemma 4 assistant checkpoint")
-        raise DrafterChoiceError(f"--spec-type draft-mtp: {draft_model} is {what}; pass an MTP assistant to -md, "
-                                 "or no -md to use the target's own MTP layers")
-    return MTP if draft_model else INTERNAL_MTP
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ to keep (``features``).
    and its drafter told.
 
 A row's outcome is the one it gets alone: each backend gives a row the bits it gets alone where its
-kernels allow (``decode.ragged``'s exactness note), and the draws and decisions are row-wise. A row
+kernels allow (``cache.ragged``'s exactness note), and the draws and decisions are row-wise. A row
 whose own work fails gets its exception in its :class:`RowOutcome` and the others go on; a failed
 forward raises (it touched every row). Rows whose drafter must verify on its own cache, token by
 token when a block forward is not exact (:class:`Verify` with no block), run
@@ -139,7 +139,7 @@ class Backend(Protocol):
 
 class RaggedRows:
     """The ragged batch as a backend: every row in one forward, each at its own length
-    (``decode.ragged``). A row of the batch that brings nothing waits (its cache unchanged)."""
+    (``cache.ragged``). A row of the batch that brings nothing waits (its cache unchanged)."""
 
     def __init__(self, batch: RaggedBatch):
         self.batch = batch
@@ -163,7 +163,7 @@ class RaggedRows:
 
 
 class BatchCacheRows:
-    """mlx-lm's batch cache (``decode.batch.DecodeBatch``) as a backend: every row of the batch
+    """mlx-lm's batch cache (``cache.batch.DecodeBatch``) as a backend: every row of the batch
     feeds one token."""
 
     def __init__(self, batch: DecodeBatch):
@@ -183,7 +183,7 @@ class BatchCacheRows:
 
 class OwnCaches:
     """Rows that keep their own single-sequence cache (``caches[key]``): each row's forward runs
-    alone, a prompt chunk as ``decode.batch.forward_chunk`` (the last position's logits), with the
+    alone, a prompt chunk as ``cache.batch.forward_chunk`` (the last position's logits), with the
     features a model drafter reads when the row names layers."""
 
     def __init__(self, model: Any, caches: dict[Hashable, list[Any]]):

@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 
 from mlxcel.engine.sampling.grammar import GBNF, JSON_SCHEMA, GrammarError, compile_grammar
+from mlxcel.server.cli import help_text
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS, Flag
 from mlxcel.server.runtime.config import ArgumentError, ServerConfig
 
@@ -203,17 +204,8 @@ def grammar_flags(config: ServerConfig) -> None:
 
 
 def usage() -> str:
-    lines = ["usage: mlxcel-server [options]", "",
-             "Drop-in replacement for llama-server on MLX. Every llama-server flag is accepted;",
-             "see compat/llama-server/ for what each one does here.", ""]
-    for flag in [*FLAGS, *EXTENSIONS]:
-        names = ", ".join(flag.names + flag.negatives)
-        meta = f" {flag.metavar}" if flag.metavar else ""
-        state = "" if flag.state == "supported" else f" [{flag.state}]"
-        lines.append(f"  {names}{meta}{state}")
-        if flag.note:
-            lines.append(f"        {flag.note}")
-    return "\n".join(lines)
+    """``--help``'s text, written from the flag table (``help_text``)."""
+    return help_text.usage()
 
 
 def gcp_environment(config: ServerConfig, env: Mapping[str, str]) -> None:

@@ -36,7 +36,7 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("GET", "/props", "divergent", "same keys; build_info is mlxcel's; default_generation_settings.params shows "
      "speculative.types none, as upstream does"),
     ("POST", "/props", "divergent", "501 unless --props; with --props it is accepted and changes nothing"),
-    ("GET", "/models", "supported", ""),
+    ("GET", "/models", "supported", "needs the API key, as upstream (only /health, /v1/health and the page are public)"),
     ("GET", "/v1/models", "aliased", "/models"),
     ("POST", "/completion", "supported", "a drafted request's timings add draft_rounds and draft_kind after "
      "upstream's draft_n / draft_n_accepted"),
@@ -52,7 +52,8 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("GET", "/slots", "supported", "501 with --no-slots"),
     ("POST", "/slots/{id_slot}", "divergent", "with --slot-save-path: action=save|restore|erase with upstream's "
      "bodies and errors (file names checked by upstream's rules); the file is mlxcel's (the KV cache and tokens in "
-     "safetensors), not upstream's binary state, so files do not move between the two servers; 501 without the flag"),
+     "safetensors), not upstream's binary state, so files do not move between the two servers; 501 without the flag; "
+     "errors name the file, never the server's directory"),
     ("GET", "/metrics", "supported", "501 without --metrics; upstream's metric names"),
     ("GET", "/lora-adapters", "supported", "always [] (no adapters)"),
     ("POST", "/lora-adapters", "refused", "400: no LoRA adapters are loaded"),
@@ -105,9 +106,11 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("POST", "/tools", "supported", "with --tools or an MCP config; upstream's bodies (unwrapped errors, 200 with "
      "{error} for a tool's own failure); 403 feature_disabled otherwise"),
     ("GET", "/cors-proxy", "divergent", "with --ui-mcp-proxy (403 feature_disabled otherwise): a bad url is 400 and an "
-     "unreachable target 502 (upstream: 500)"),
+     "unreachable target 502 (upstream: 500); without an API key only same-origin requests to the server's own "
+     "address are served (403 permission_error otherwise)"),
     ("POST", "/cors-proxy", "divergent", "with --ui-mcp-proxy (403 feature_disabled otherwise): a bad url is 400 and "
-     "an unreachable target 502 (upstream: 500)"),
+     "an unreachable target 502 (upstream: 500); without an API key only same-origin requests to the server's own "
+     "address are served (403 permission_error otherwise)"),
     ("POST", "/predict", "supported", "only with AIP_MODE=PREDICTION (Google Cloud Vertex AI), as upstream: "
      "AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE and AIP_HTTP_PORT honoured; instances dispatched by @requestFormat"),
     ("GET", "/models/sse", "supported", "router mode only (no model; --models-dir / --models-preset): the models' status events"),
@@ -180,10 +183,12 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
      "the output are parsed into tool_calls (mlx-lm's parser for the template, else the template's own call "
      "layout), finish_reason tool_calls, streamed as tool_calls deltas"),
     ("tool_choice", "divergent", "auto/none as upstream; required and a named function reach the template (as "
-     "tool_choice) and the output is parsed, but no grammar forces a call yet (upstream treats a named function "
-     "as auto)"),
-    ("parallel_tool_calls", "divergent", "false keeps only the first call the output holds (upstream's grammar "
-     "forbids a second; no grammar here yet); default: whether the template renders two calls, as upstream"),
+     "tool_choice) and a grammar forces the output to be a call (to that function), in the template's own call "
+     "layout, as upstream forces required (upstream treats a named function as auto); a template whose calls' "
+     "arguments are not JSON is only asked, and its output parsed"),
+    ("parallel_tool_calls", "divergent", "false: a forced call's grammar allows one call; under auto the output is "
+     "not constrained and only its first call is kept (upstream's lazy grammar stops a second); default: whether "
+     "the template renders two calls, as upstream"),
     ("reasoning_format", "supported", "none leaves thinking in content; auto, deepseek and deepseek-legacy (as "
      "this build reads it) put it in reasoning_content, final and streamed; the tags are the template's"),
     ("reasoning_effort", "supported", "passed to the chat template as upstream passes it ('none' is not)"),
@@ -221,10 +226,11 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
      "draft of a verify round, false for one the target sampled; the web page highlights with it"),
     ("timings.draft_n", "divergent", "with draft_n_accepted as upstream, plus mlxcel's draft_rounds and draft_kind; "
      "present only when a drafter ran a verify round, and on chat only on the final chunk / body"),
-    ("model", "ignored", "one model is served; the name is not checked"),
-    *((name, "refused", "400 unless null: set by llama-server's chat parser for the tasks it builds; mlxcel has no "
-       "such parser") for name in ("chat_format", "chat_parser", "generation_prompt", "parse_tool_calls",
-                                   "preserved_tokens", "grammar_lazy", "grammar_triggers", "reasoning_control")),
+    ("model", "ignored", "one model is served and the name is not checked (in router mode it picks the model)"),
+    *((name, "refused", "400 unless null: set by llama-server's chat parser for the tasks it builds; mlxcel reads "
+       "tool calls and reasoning from the output by the template's own markers, not by these settings")
+      for name in ("chat_format", "chat_parser", "generation_prompt", "parse_tool_calls", "preserved_tokens",
+                   "grammar_lazy", "grammar_triggers", "reasoning_control")),
     *((name, "supported", "the end-of-thinking tag is forced once the budget is spent (chat: the template's tags; "
        "native: the request's), exactly under speculation")
       for name in ("reasoning_budget_tokens", "reasoning_budget_start_tag", "reasoning_budget_end_tag",

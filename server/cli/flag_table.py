@@ -10,7 +10,9 @@ States:
   disabled value, listed in ``allowed``), because honouring it silently would change results;
 - ``planned``: accepted and ignored with a note until the feature lands (none left today).
 
-This table is the single source: ``args.build_parser`` is generated from it, and
+This table is the single source: ``args.build_parser`` is generated from it, ``help_text`` writes
+``--help`` from it (``SECTIONS``: upstream's sections, in upstream's order; ``help`` says what an
+honoured flag does, ``note`` how mlxcel does it or why it is ignored or refused), and
 ``compat_record`` writes ``flags.json`` from it.
 """
 
@@ -36,6 +38,8 @@ class Flag:
     note: str = ""
     append: bool = False
     env: str | None = None  # upstream's environment variable for it (LLAMA_ARG_*); the command line wins
+    help: str = ""  # what the flag does, for --help (the note follows it there)
+    default: str | None = None  # the default --help shows; None: the ServerConfig field's own, "" none
 
 
 def F(names: str, state: str, metavar: str | None = None, **kw) -> Flag:
@@ -45,20 +49,20 @@ def F(names: str, state: str, metavar: str | None = None, **kw) -> Flag:
 BACKEND = "a llama.cpp/ggml backend setting with no MLX counterpart; MLX chooses threads, memory and kernels"
 GPU = "GPU offload/placement of llama.cpp; MLX runs the whole model on its default device"
 UI = "a feature of llama-server's bundled web app; mlxcel's own chat page at / has no such setting"
-ROUTER = "router mode (several models) is not implemented; mlxcel-server serves one model"
 SPEC_BACKEND = "a llama.cpp backend setting for the draft model with no MLX counterpart"
 SPEC_GPU = "GPU placement of the draft model; MLX runs it on its default device"
 LOOKUP = ("the n-gram types are all served by prompt lookup (see --spec-type); its sizes are "
           "--spec-ngram-simple-size-n/-m")
 MEDIA = "multimodal input is not supported; mlxcel-server is text-only"
 ROPE = "mlxcel uses the RoPE settings of the model's own config; overriding them would change the model"
-PRESET = "a preset that downloads another model; mlxcel-server cannot download models"
+PRESET = ("upstream's preset: a model it fetches from Hugging Face with settings for it; mlxcel has no presets, "
+          "give the model with -m or -hf and the settings as flags")
 LOG = "logging format knob; mlxcel logs through Python logging"
 REMOVED = "removed upstream too; use --spec-draft-n-max / --spec-draft-n-min"
 
 # mlxcel's own flags (not upstream's); recorded apart from upstream's in the compat record.
 EXTENSIONS: list[Flag] = [
-    F("--draft-kind", "supported", "KIND", dest="draft_kind",
+    F("--draft-kind", "supported", "KIND", dest="draft_kind", help="the drafter, by mlxcel's name for it",
       note="; ".join(f"{k.name}: {k.summary} ({k.flags}, the {k.loop} round loop)" for k in KINDS)),
     F("--max-body-size", "supported", "N", dest="max_body_size", type="int",
       note="largest request body accepted, in bytes (default 8388608 = 8 MiB); larger ones get 413"),
@@ -71,8 +75,7 @@ EXTENSIONS: list[Flag] = [
            "forward (default on; off: every lookup match is verified)"),
 ]
 
-FLAGS: list[Flag] = [
-    # -- common ------------------------------------------------------------------------------------
+COMMON: list[Flag] = [
     F("-h --help --usage", "supported", note="prints mlxcel-server's usage and exits"),
     F("--version", "supported", note="prints mlxcel's version and exits"),
     F("-cl --cache-list", "refused", note="mlxcel has no model cache listing; models are paths or HF repos"),
@@ -91,9 +94,13 @@ FLAGS: list[Flag] = [
     F("--cpu-strict-batch", "ignored", "<0|1>", note=BACKEND),
     F("--prio-batch", "ignored", "N", note=BACKEND),
     F("--poll-batch", "ignored", "<0|1>", note=BACKEND),
-    F("-c --ctx-size", "supported", "N", dest="ctx_size", type="int",
-      note="per-slot context; 0 = the model's max_position_embeddings", env="LLAMA_ARG_CTX_SIZE"),
-    F("-n --predict --n-predict", "supported", "N", dest="n_predict", type="int",
+    F("-c --ctx-size", "supported", "N",
+      help="context size in tokens", dest="ctx_size", type="int",
+      note="0: the model's own (max_position_embeddings); shared by the slots with -kvu (the default when -np is "
+           "auto), else each slot gets -c / -np", env="LLAMA_ARG_CTX_SIZE"),
+    F("-n --predict --n-predict", "supported", "N",
+      help="tokens to generate per request (-1: until the end of the sequence or a full context)",
+      dest="n_predict", type="int",
       note="the default n_predict: a request's own n_predict (other than -1) wins, as upstream", env="LLAMA_ARG_N_PREDICT"),
     F("-b --batch-size", "supported", "N", dest="batch_size", type="int",
       note="most prompt tokens prefilled per scheduler step, over all slots", env="LLAMA_ARG_BATCH"),
@@ -105,7 +112,9 @@ FLAGS: list[Flag] = [
     F("-fa --flash-attn", "ignored", "[on|off|auto]", optional_value=True,
       note="MLX uses its fused attention kernel where it has one", env="LLAMA_ARG_FLASH_ATTN"),
     F("--perf", "ignored", negatives=("--no-perf",), note=BACKEND, env="LLAMA_ARG_PERF"),
-    F("-e --escape", "ignored", negatives=("--no-escape",), note="applies to command-line prompts, which the server has none of"),
+    F("-e --escape", "ignored", negatives=("--no-escape",),
+      note="escapes in command-line prompts, which the server has none of; upstream also unescapes "
+           "--dry-sequence-breaker, whose value is taken as written here"),
     F("--rope-scaling", "refused", "{none,linear,yarn}", note=ROPE, env="LLAMA_ARG_ROPE_SCALING_TYPE"),
     F("--rope-scale", "refused", "N", note=ROPE, env="LLAMA_ARG_ROPE_SCALE"),
     F("--rope-freq-base", "refused", "N", note=ROPE, env="LLAMA_ARG_ROPE_FREQ_BASE"),
@@ -121,7 +130,8 @@ FLAGS: list[Flag] = [
     F("-ctk --cache-type-k", "ignored", "TYPE", note="the KV cache uses the model's compute dtype", env="LLAMA_ARG_CACHE_TYPE_K"),
     F("-ctv --cache-type-v", "ignored", "TYPE", note="the KV cache uses the model's compute dtype", env="LLAMA_ARG_CACHE_TYPE_V"),
     F("-dt --defrag-thold", "ignored", "N", note="deprecated upstream; MLX caches need no defragmentation", env="LLAMA_ARG_DEFRAG_THOLD"),
-    F("--rpc", "refused", "SERVERS", note="distributed inference over RPC is not supported", env="LLAMA_ARG_RPC"),
+    F("--rpc", "refused", "SERVERS", note="llama.cpp's RPC backend is not supported; to split a model across machines "
+      "run mlxcel-server under mlx.launch (docs/distributed.md)", env="LLAMA_ARG_RPC"),
     F("-lm --load-mode", "ignored", "MODE", note=BACKEND, env="LLAMA_ARG_LOAD_MODE"),
     F("-lzm --lazy-mode", "ignored", "MODE", note=BACKEND, env="LLAMA_ARG_LAZY_MODE"),
     F("--numa", "ignored", "TYPE", note=BACKEND, env="LLAMA_ARG_NUMA"),
@@ -143,7 +153,8 @@ FLAGS: list[Flag] = [
     F("-fit --fit", "ignored", "[on|off]", optional_value=True, note=GPU, env="LLAMA_ARG_FIT"),
     F("-fitt --fit-target", "ignored", "MiB0,MiB1,MiB2,...", note=GPU, env="LLAMA_ARG_FIT_TARGET"),
     F("-fitc --fit-ctx", "ignored", "N", note=GPU, env="LLAMA_ARG_FIT_CTX"),
-    F("--check-tensors", "ignored", note="the loaders validate tensor shapes and types while loading"),
+    F("--check-tensors", "ignored", note="tensor data is not scanned for NaN/inf values; the loaders check every "
+      "tensor's shape and type"),
     F("--override-kv", "refused", "KEY=TYPE:VALUE,...", note="overriding GGUF metadata is not supported"),
     F("--op-offload", "ignored", negatives=("--no-op-offload",), note=GPU),
     F("--lora", "refused", "FNAME", note="LoRA adapters are not supported"),
@@ -155,49 +166,91 @@ FLAGS: list[Flag] = [
       note="a GGUF file or an MLX/Hugging Face model directory; none = the built-in default model", env="LLAMA_ARG_MODEL"),
     F("-mu --model-url", "refused", "MODEL_URL", note="downloading from a URL is not supported; use -m or -hf", env="LLAMA_ARG_MODEL_URL"),
     F("-dr --docker-repo", "refused", "[<repo>/]<model>[:quant]", note="Docker Hub models are not supported", env="LLAMA_ARG_DOCKER_REPO"),
-    F("-hf -hfr --hf-repo", "divergent", "<user>/<model>[:quant]", dest="hf_repo",
+    F("-hf -hfr --hf-repo", "divergent", "<user>/<model>[:quant]",
+      help="load the model from this Hugging Face repository (downloaded into the Hugging Face cache; with "
+           "--offline, from the cache only)",
+      dest="hf_repo",
       note="an MLX/safetensors repo is loaded whole; with a GGUF repo give the file with -hff (the :quant "
            "suffix selection is not implemented)", env="LLAMA_ARG_HF_REPO"),
-    F("-hff --hf-file", "supported", "FILE", dest="hf_file", env="LLAMA_ARG_HF_FILE"),
-    F("-hft --hf-token", "supported", "TOKEN", dest="hf_token", env="HF_TOKEN"),
-    F("--log-disable", "supported", dest="log_disable"),
-    F("--log-file", "supported", "FNAME", dest="log_file", env="LLAMA_ARG_LOG_FILE"),
+    F("-hff --hf-file", "supported", "FILE",
+      help="the file of --hf-repo to load (a GGUF file)", dest="hf_file", env="LLAMA_ARG_HF_FILE"),
+    F("-hft --hf-token", "supported", "TOKEN",
+      help="Hugging Face access token", dest="hf_token", env="HF_TOKEN"),
+    F("--log-disable", "supported",
+      help="log nothing", dest="log_disable"),
+    F("--log-file", "supported", "FNAME",
+      help="write the log to this file instead of stderr", dest="log_file", env="LLAMA_ARG_LOG_FILE"),
     F("--log-jsonl", "ignored", negatives=("--no-log-jsonl",), note=LOG, env="LLAMA_ARG_LOG_JSONL"),
     F("--log-colors", "ignored", "[on|off|auto]", optional_value=True, note=LOG, env="LLAMA_ARG_LOG_COLORS"),
-    F("-v --verbose --log-verbose", "supported", dest="verbose"),
-    F("--offline", "supported", dest="offline", note="sets HF_HUB_OFFLINE=1", env="LLAMA_ARG_OFFLINE"),
-    F("-lv --verbosity --log-verbosity", "supported", "N", dest="verbosity", type="int", env="LLAMA_ARG_LOG_VERBOSITY"),
+    F("-v --verbose --log-verbose", "supported",
+      help="log everything (debug level)", dest="verbose"),
+    F("--offline", "supported",
+      help="never reach the network: models come from the local Hugging Face cache",
+      dest="offline", note="sets HF_HUB_OFFLINE=1", env="LLAMA_ARG_OFFLINE"),
+    F("-lv --verbosity --log-verbosity", "supported", "N",
+      help="how much is logged: 0-1 errors, 2 warnings too, 3-4 information too, 5 or more everything",
+      dest="verbosity", type="int", env="LLAMA_ARG_LOG_VERBOSITY"),
     F("--log-prefix", "ignored", negatives=("--no-log-prefix",), note=LOG, env="LLAMA_ARG_LOG_PREFIX"),
     F("--log-timestamps", "ignored", negatives=("--no-log-timestamps",), note=LOG, env="LLAMA_ARG_LOG_TIMESTAMPS"),
     F("--spec-draft-type-k -ctkd --cache-type-k-draft", "ignored", "TYPE",
       note="the draft model's KV cache keeps the model's own dtype", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_K"),
     F("--spec-draft-type-v -ctvd --cache-type-v-draft", "ignored", "TYPE",
       note="the draft model's KV cache keeps the model's own dtype", env="LLAMA_ARG_SPEC_DRAFT_CACHE_TYPE_V"),
-    # -- sampling ----------------------------------------------------------------------------------
-    F("--samplers", "divergent", "SAMPLERS", dest="samplers",
+]
+
+SAMPLING: list[Flag] = [
+    F("--samplers", "divergent", "SAMPLERS",
+      help="the sampler stages, separated by ';'", dest="samplers",
       note="stages may be left out; the chain's order is fixed, so a reordering is refused"),
-    F("-s --seed", "supported", "SEED", dest="seed", type="int"),
+    F("-s --seed", "supported", "SEED",
+      help="random seed (-1: a fresh one per request)", dest="seed", type="int"),
     F("--sampler-seq --sampling-seq", "divergent", "SEQUENCE", dest="sampler_seq",
       note="as --samplers, in single letters"),
-    F("--ignore-eos", "supported", dest="ignore_eos"),
-    F("--temp --temperature", "supported", "N", dest="temperature", type="float", env="LLAMA_ARG_TEMPERATURE"),
-    F("--top-k", "supported", "N", dest="top_k", type="int", env="LLAMA_ARG_TOP_K"),
-    F("--top-p", "supported", "N", dest="top_p", type="float", env="LLAMA_ARG_TOP_P"),
-    F("--min-p", "supported", "N", dest="min_p", type="float", env="LLAMA_ARG_MIN_P"),
+    F("--ignore-eos", "supported",
+      help="keep generating past end-of-sequence tokens", dest="ignore_eos"),
+    F("--temp --temperature", "supported", "N",
+      help="sampling temperature (0: greedy)", dest="temperature", type="float", env="LLAMA_ARG_TEMPERATURE"),
+    F("--top-k", "supported", "N",
+      help="keep only the K most likely tokens (0: off)", dest="top_k", type="int", env="LLAMA_ARG_TOP_K"),
+    F("--top-p", "supported", "N",
+      help="keep the most likely tokens until their probabilities add up to P (1.0: off)",
+      dest="top_p", type="float", env="LLAMA_ARG_TOP_P"),
+    F("--min-p", "supported", "N",
+      help="drop tokens less likely than P times the most likely one (0.0: off)",
+      dest="min_p", type="float", env="LLAMA_ARG_MIN_P"),
     F("--top-nsigma --top-n-sigma", "refused", "N", allowed=("-1", "-1.0", "-1.00"),
       note="the top-n-sigma stage is not implemented"),
-    F("--xtc-probability", "supported", "N", dest="xtc_probability", type="float"),
-    F("--xtc-threshold", "supported", "N", dest="xtc_threshold", type="float"),
-    F("--typical --typical-p", "supported", "N", dest="typical_p", type="float"),
-    F("--repeat-last-n", "supported", "N", dest="repeat_last_n", type="int"),
-    F("--repeat-penalty", "supported", "N", dest="repeat_penalty", type="float", env="LLAMA_ARG_REPEAT_PENALTY"),
-    F("--presence-penalty", "supported", "N", dest="presence_penalty", type="float", env="LLAMA_ARG_PRESENCE_PENALTY"),
-    F("--frequency-penalty", "supported", "N", dest="frequency_penalty", type="float", env="LLAMA_ARG_FREQUENCY_PENALTY"),
-    F("--dry-multiplier", "supported", "N", dest="dry_multiplier", type="float"),
-    F("--dry-base", "supported", "N", dest="dry_base", type="float"),
-    F("--dry-allowed-length", "supported", "N", dest="dry_allowed_length", type="int"),
-    F("--dry-penalty-last-n", "supported", "N", dest="dry_penalty_last_n", type="int"),
-    F("--dry-sequence-breaker", "supported", "STRING", dest="dry_sequence_breaker", append=True),
+    F("--xtc-probability", "supported", "N",
+      help="chance that XTC removes the top choices at a step (0.0: off)", dest="xtc_probability", type="float"),
+    F("--xtc-threshold", "supported", "N",
+      help="tokens at least this likely are what XTC may remove", dest="xtc_threshold", type="float"),
+    F("--typical --typical-p", "supported", "N",
+      help="locally typical sampling (1.0: off)", dest="typical_p", type="float"),
+    F("--repeat-last-n", "supported", "N",
+      help="how many recent tokens the repetition penalties look at (0: off, -1: the whole context)",
+      dest="repeat_last_n", type="int"),
+    F("--repeat-penalty", "supported", "N",
+      help="penalise recently seen tokens by this factor (1.0: off)",
+      dest="repeat_penalty", type="float", env="LLAMA_ARG_REPEAT_PENALTY"),
+    F("--presence-penalty", "supported", "N",
+      help="lower the logit of every token seen in the last --repeat-last-n by this (0.0: off)",
+      dest="presence_penalty", type="float", env="LLAMA_ARG_PRESENCE_PENALTY"),
+    F("--frequency-penalty", "supported", "N",
+      help="lower a recently seen token's logit by this times its count (0.0: off)",
+      dest="frequency_penalty", type="float", env="LLAMA_ARG_FREQUENCY_PENALTY"),
+    F("--dry-multiplier", "supported", "N",
+      help="strength of the DRY penalty on repeated sequences (0.0: off)", dest="dry_multiplier", type="float"),
+    F("--dry-base", "supported", "N",
+      help="DRY's penalty grows as this to the power of the repeat's length past the allowed length",
+      dest="dry_base", type="float"),
+    F("--dry-allowed-length", "supported", "N",
+      help="repeats up to this many tokens long are not penalised by DRY", dest="dry_allowed_length", type="int"),
+    F("--dry-penalty-last-n", "supported", "N",
+      help="how many recent tokens DRY scans (-1: the whole context, 0: off)", dest="dry_penalty_last_n", type="int"),
+    F("--dry-sequence-breaker", "supported", "STRING",
+      help="a string that breaks DRY's repeat matching; give it several times for several; replaces the defaults "
+           "('\\n', ':', '\"', '*'); 'none' for no breakers",
+      dest="dry_sequence_breaker", append=True),
     F("--adaptive-target", "refused", "N", allowed=("-1", "-1.0", "-1.00"), note="the adaptive-p stage is not implemented"),
     F("--adaptive-decay", "ignored", "N", note="only used by the adaptive-p stage, which is refused"),
     F("--dynatemp-range", "refused", "N", allowed=("0", "0.0", "0.00"), note="dynamic temperature is not implemented"),
@@ -205,16 +258,27 @@ FLAGS: list[Flag] = [
     F("--mirostat", "refused", "N", allowed=("0",), note="mirostat sampling is not implemented"),
     F("--mirostat-lr", "ignored", "N", note="only used by mirostat, which is refused"),
     F("--mirostat-ent", "ignored", "N", note="only used by mirostat, which is refused"),
-    F("-l --logit-bias", "supported", "TOKEN_ID(+/-)BIAS", dest="logit_bias", append=True),
+    F("-l --logit-bias", "supported", "TOKEN_ID(+/-)BIAS",
+      help="add BIAS to the logit of TOKEN_ID (e.g. 15043+1, 15043-inf); give it several times for several "
+           "tokens",
+      dest="logit_bias", append=True),
     F("--grammar", "supported", "GRAMMAR", dest="grammar",
       note="GBNF (or llguidance's Lark) for every request that names no grammar of its own"),
-    F("--grammar-file", "supported", "FNAME", dest="grammar_file"),
-    F("-j --json-schema", "supported", "SCHEMA", dest="json_schema"),
-    F("-jf --json-schema-file", "supported", "FILE", dest="json_schema_file"),
+    F("--grammar-file", "supported", "FNAME",
+      help="--grammar, read from a file", dest="grammar_file"),
+    F("-j --json-schema", "supported", "SCHEMA",
+      help="a JSON schema for the output of every request that names no grammar or schema of its own",
+      dest="json_schema"),
+    F("-jf --json-schema-file", "supported", "FILE",
+      help="-j, read from a file", dest="json_schema_file"),
     F("-bs --backend-sampling", "ignored", note="sampling always runs in MLX on the model's device", env="LLAMA_ARG_BACKEND_SAMPLING"),
-    # -- speculative -------------------------------------------------------------------------------
-    F("--spec-draft-hf -hfd -hfrd --hf-repo-draft", "supported", "<user>/<model>[:quant]", dest="draft_hf",
-      note="the draft model from the Hugging Face cache (nothing is downloaded)", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"),
+]
+
+SPECULATIVE: list[Flag] = [
+    F("--spec-draft-hf -hfd -hfrd --hf-repo-draft", "supported", "<user>/<model>[:quant]",
+      help="load the draft model from this Hugging Face repository", dest="draft_hf",
+      note="for draft-simple, loaded as -hf loads a model: a whole MLX/safetensors snapshot, downloaded into the "
+           "Hugging Face cache (with --offline, from the cache only); no GGUF file choice", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"),
     F("--spec-draft-threads -td --threads-draft", "ignored", "N", note=SPEC_BACKEND),
     F("--spec-draft-threads-batch -tbd --threads-batch-draft", "ignored", "N", note=SPEC_BACKEND),
     F("--spec-draft-cpu-mask -Cd --cpu-mask-draft", "ignored", "M", note=SPEC_BACKEND),
@@ -243,20 +307,23 @@ FLAGS: list[Flag] = [
            "target says; the output is not the target's. draft-simple and prompt lookup", env="LLAMA_ARG_SPEC_SYNTH_RATES"),
     F("--spec-draft-p-split --draft-p-split", "ignored", "P", note="no draft-tree splitting: blocks are one chain", env="LLAMA_ARG_SPEC_DRAFT_P_SPLIT"),
     F("--spec-draft-p-min --draft-p-min", "ignored", "P",
-      note="a draft-model block is always --spec-draft-n-max long; the acceptance rule decides what survives", env="LLAMA_ARG_SPEC_DRAFT_P_MIN"),
+      note="draft blocks are not cut by the draft model's confidence (their length is --spec-draft-n-max, or the "
+           "verify-cost cap); the acceptance rule decides what survives", env="LLAMA_ARG_SPEC_DRAFT_P_MIN"),
     F("--spec-draft-backend-sampling", "ignored", negatives=("--no-spec-draft-backend-sampling",),
       note=SPEC_BACKEND, env="LLAMA_ARG_SPEC_DRAFT_BACKEND_SAMPLING"),
-    F("--spec-draft-sampling", "divergent", "{greedy,probabilistic}", dest="spec_draft_sampling", note=(
-        "ignored: the draft model draws with the request's own sampler (argmax at temperature 0); acceptance is "
+    F("--spec-draft-sampling", "ignored", "{greedy,probabilistic}", note=(
+        "the draft model draws with the request's own sampler (argmax at temperature 0); acceptance is "
         "sampler-match, or rejection sampling with MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT=1; output is lossless either way"), env="LLAMA_ARG_SPEC_DRAFT_SAMPLING"),
     F("--spec-draft-device -devd --device-draft", "ignored", "<dev1,dev2,..>", note=SPEC_GPU),
     F("--spec-draft-ngl -ngld --gpu-layers-draft --n-gpu-layers-draft", "ignored", "N", note=SPEC_GPU, env="LLAMA_ARG_N_GPU_LAYERS_DRAFT"),
-    F("--spec-draft-model -md --model-draft", "divergent", "FNAME", dest="draft_model", note=(
+    F("--spec-draft-model -md --model-draft", "divergent", "FNAME",
+      help="the draft model for speculative decoding", dest="draft_model", note=(
         "a draft model sharing the target's vocabulary (GGUF file or model directory). Without --spec-type it "
         "drafts (draft-simple); upstream loads it and never drafts, which only confuses. A DFlash, DSpark or "
         "Muse Glimmer assistant checkpoint directory (recognised by structure) drafts on the DFlash round loop, "
         "a NextN MTP assistant on the MTP round loop"), env="LLAMA_ARG_SPEC_DRAFT_MODEL"),
-    F("--spec-type", "divergent", "TYPES", dest="spec_type", note=(
+    F("--spec-type", "divergent", "TYPES",
+      help="the speculative decoding method", dest="spec_type", note=(
         "none, or one drafter per server: " + "; ".join(f"{'/'.join(k.spec_types)}: {k.name}" for k in KINDS
                                                          if k.spec_types)
         + "; the n-gram types upstream implements apart are all served "
@@ -283,19 +350,23 @@ FLAGS: list[Flag] = [
     F("--spec-ngram-size-n", "refused", "N", note="removed upstream too; use --spec-ngram-*-size-n"),
     F("--spec-ngram-size-m", "refused", "N", note="removed upstream too; use --spec-ngram-*-size-m"),
     F("--spec-ngram-min-hits", "refused", "N", note="removed upstream too; use --spec-ngram-*-min-hits"),
-    # -- example-specific (server) ------------------------------------------------------------------
+]
+
+SERVER: list[Flag] = [
     F("-lcs --lookup-cache-static", "ignored", "FNAME",
       note="prompt lookup searches the request's own prompt and output; no lookup cache files"),
     F("-lcd --lookup-cache-dynamic", "ignored", "FNAME",
       note="prompt lookup searches the request's own prompt and output; no lookup cache files"),
-    F("--kv-unified-per-slot", "ignored", "N", note="every slot has its own -c sized cache", env="LLAMA_ARG_KV_UNIFIED_PER_SLOT"),
+    F("--kv-unified-per-slot", "ignored", "N", note="no per-slot limit: -c is the budget (shared by the slots with "
+      "-kvu, split among them by -np without it)", env="LLAMA_ARG_KV_UNIFIED_PER_SLOT"),
     F("-ctxcp --ctx-checkpoints --swa-checkpoints", "ignored", "N", note=BACKEND, env="LLAMA_ARG_CTX_CHECKPOINTS"),
     F("-cms --checkpoint-min-step", "ignored", "N", note=BACKEND, env="LLAMA_ARG_CHECKPOINT_MIN_SPACING_NT"),
     F("-cram --cache-ram", "ignored", "N", note="prompt caching is per slot, in the slot's own KV cache", env="LLAMA_ARG_CACHE_RAM"),
     F("-kvu --kv-unified", "supported", negatives=("-no-kvu", "--no-kv-unified"), dest="kv_unified",
       note="every slot may use the whole -c (default: on when -np is auto); off: each slot gets -c / -np",
       env="LLAMA_ARG_KV_UNIFIED"),
-    F("--cache-idle-slots", "ignored", negatives=("--no-cache-idle-slots",), note="idle slots always keep their cache", env="LLAMA_ARG_CACHE_IDLE_SLOTS"),
+    F("--cache-idle-slots", "ignored", negatives=("--no-cache-idle-slots",), note="idle slots keep their cached prompts until the -kvu budget needs the room (then dropped, as upstream "
+      "clears them); there is no separate prompt cache (-cram) to save them to", env="LLAMA_ARG_CACHE_IDLE_SLOTS"),
     F("--context-shift", "divergent", negatives=("--no-context-shift",), dest="context_shift",
       note="a full context drops n_discard tokens after n_keep and goes on, as upstream; the rest is re-evaluated "
            "rather than its keys re-rotated", env="LLAMA_ARG_CONTEXT_SHIFT"),
@@ -304,10 +375,13 @@ FLAGS: list[Flag] = [
     F("--warmup", "ignored", negatives=("--no-warmup",), note="no warm-up run is needed"),
     F("--spm-infill", "supported", dest="spm_infill",
       note="/infill lays the suffix part before the prefix part (Suffix/Prefix/Middle)"),
-    F("--pooling", "supported", "{none,mean,cls,last,rank}", dest="pooling",
+    F("--pooling", "supported", "{none,mean,cls,last,rank}",
+      help="how an embedding is pooled from the tokens' hidden states", dest="pooling",
       note="over the final-norm hidden states; default the model's own (GGUF pooling_type, sentence-transformers "
            "config), else none", env="LLAMA_ARG_POOLING"),
-    F("-np --parallel", "supported", "N", dest="parallel", type="int", note="-1 (auto) = 4 slots", env="LLAMA_ARG_N_PARALLEL"),
+    F("-np --parallel", "supported", "N",
+      help="slots: how many requests are decoded together",
+      dest="parallel", type="int", note="-1 (auto) = 4 slots", env="LLAMA_ARG_N_PARALLEL"),
     F("-cb --cont-batching", "ignored", negatives=("-nocb", "--no-cont-batching"),
       note="continuous batching is always on", env="LLAMA_ARG_CONT_BATCHING"),
     F("-mm --mmproj", "refused", "FILE", note=MEDIA, env="LLAMA_ARG_MMPROJ"),
@@ -321,23 +395,36 @@ FLAGS: list[Flag] = [
     F("--video-fps", "ignored", "N", note=MEDIA, env="LLAMA_ARG_VIDEO_FPS"),
     F("--video-timestamp-interval", "ignored", "N", note=MEDIA, env="LLAMA_ARG_VIDEO_TIMESTAMP_INTERVAL"),
     F("--video-ffmpeg-dir", "ignored", "DIR", note=MEDIA, env="LLAMA_ARG_VIDEO_FFMPEG_DIR"),
-    F("-a --alias", "supported", "STRING", dest="alias", env="LLAMA_ARG_ALIAS"),
-    F("--tags", "supported", "STRING", dest="tags", env="LLAMA_ARG_TAGS"),
-    F("--embd-normalize", "supported", "N", dest="embd_normalize", type="int",
+    F("-a --alias", "supported", "STRING",
+      help="the model's names in the API, comma-separated", dest="alias", env="LLAMA_ARG_ALIAS"),
+    F("--tags", "supported", "STRING",
+      help="tags the model list shows, comma-separated (informational)", dest="tags", env="LLAMA_ARG_TAGS"),
+    F("--embd-normalize", "supported", "N",
+      help="how embeddings are normalised", dest="embd_normalize", type="int",
       note="-1 none, 0 max-absolute (int16 range), 1 taxicab, 2 euclidean (default), p > 2 p-norm"),
-    F("--host", "supported", "HOST", dest="host", note="addresses, comma-separated (IPv4 and IPv6; :: binds IPv6 only), or a UNIX socket path ending in .sock",
+    F("--host", "supported", "HOST",
+      help="where to listen",
+      dest="host", note="addresses, comma-separated (IPv4 and IPv6; :: binds IPv6 only), or a UNIX socket path ending in .sock",
       env="LLAMA_ARG_HOST"),
-    F("--port", "supported", "PORT", dest="port", type="int", env="LLAMA_ARG_PORT"),
+    F("--port", "supported", "PORT",
+      help="TCP port to listen on", dest="port", type="int", env="LLAMA_ARG_PORT"),
     F("--reuse-port", "ignored", note="uvicorn binds one socket", env="LLAMA_ARG_REUSE_PORT"),
     F("--path", "supported", "PATH", dest="static_path",
       note="serve this directory's files at / (GET) instead of the built-in page; API routes come first",
       env="LLAMA_ARG_STATIC_PATH"),
-    F("--cors-origins", "supported", "ORIGINS", dest="cors_origins",
+    F("--cors-origins", "supported", "ORIGINS",
+      help="origins that browsers may call the server from, comma-separated", dest="cors_origins",
       note="default * (localhost with --tools); with --cors-credentials (default) * echoes the request's Origin, as upstream", env="LLAMA_ARG_CORS_ORIGINS"),
-    F("--cors-methods", "supported", "METHODS", dest="cors_methods", env="LLAMA_ARG_CORS_METHODS"),
-    F("--cors-headers", "supported", "HEADERS", dest="cors_headers", env="LLAMA_ARG_CORS_HEADERS"),
-    F("--cors-credentials", "supported", negatives=("--no-cors-credentials",), dest="cors_credentials", env="LLAMA_ARG_CORS_CREDENTIALS"),
-    F("--api-prefix", "supported", "PREFIX", dest="api_prefix", env="LLAMA_ARG_API_PREFIX"),
+    F("--cors-methods", "supported", "METHODS",
+      help="the methods CORS allows", dest="cors_methods", env="LLAMA_ARG_CORS_METHODS"),
+    F("--cors-headers", "supported", "HEADERS",
+      help="the request headers CORS allows", dest="cors_headers", env="LLAMA_ARG_CORS_HEADERS"),
+    F("--cors-credentials", "supported",
+      help="whether CORS lets browsers send credentials (cookies, Authorization)",
+      negatives=("--no-cors-credentials",), dest="cors_credentials", env="LLAMA_ARG_CORS_CREDENTIALS"),
+    F("--api-prefix", "supported", "PREFIX",
+      help="a path prefix for every route (e.g. /llm makes /llm/v1/chat/completions)",
+      dest="api_prefix", env="LLAMA_ARG_API_PREFIX"),
     F("--ui-config --webui-config", "ignored", "JSON", note=UI, env="LLAMA_ARG_UI_CONFIG"),
     F("--ui-config-file --webui-config-file", "ignored", "PATH", note=UI, env="LLAMA_ARG_UI_CONFIG_FILE"),
     F("--ui-mcp-proxy --webui-mcp-proxy", "supported", negatives=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
@@ -358,30 +445,48 @@ FLAGS: list[Flag] = [
       note="all built-in tools and the CORS proxy on (--no-agent: both off)", env="LLAMA_ARG_AGENT"),
     F("--ui --webui", "supported", negatives=("--no-ui", "--no-webui"), dest="ui",
       note="the built-in chat page at / (default on; --no-ui: / is 404)", env="LLAMA_ARG_UI"),
-    F("--embedding --embeddings", "supported", dest="embeddings",
+    F("--embedding --embeddings", "supported",
+      help="serve the embedding routes", dest="embeddings",
       note="/embedding, /embeddings, /v1/embeddings over the loaded decoder's hidden states; completions keep "
            "working; encoder-only (BERT-family) checkpoints are refused", env="LLAMA_ARG_EMBEDDINGS"),
-    F("--rerank --reranking", "supported", dest="reranking",
+    F("--rerank --reranking", "supported",
+      help="serve the rerank routes", dest="reranking",
       note="/rerank and aliases; scored by the model's rank head (GGUF cls.* tensors, or a Qwen3-Reranker "
            "directory), or without one by the last hidden state's first component, as upstream (with a warning)",
       env="LLAMA_ARG_RERANKING"),
-    F("--api-key", "supported", "KEY", dest="api_key", env="LLAMA_API_KEY"),
-    F("--api-key-file", "supported", "FNAME", dest="api_key_file", env="LLAMA_ARG_API_KEY_FILE"),
-    F("--ssl-key-file", "supported", "FNAME", dest="ssl_key_file", env="LLAMA_ARG_SSL_KEY_FILE"),
-    F("--ssl-cert-file", "supported", "FNAME", dest="ssl_cert_file", env="LLAMA_ARG_SSL_CERT_FILE"),
-    F("--chat-template-kwargs", "supported", "STRING", dest="chat_template_kwargs", env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS"),
+    F("--api-key", "supported", "KEY",
+      help="API keys clients must send (Authorization: Bearer KEY or X-Api-Key), comma-separated",
+      dest="api_key", env="LLAMA_API_KEY"),
+    F("--api-key-file", "supported", "FNAME",
+      help="a file of API keys, one per line ('#' starts a comment line)",
+      dest="api_key_file", env="LLAMA_ARG_API_KEY_FILE"),
+    F("--ssl-key-file", "supported", "FNAME",
+      help="PEM private key: serve HTTPS", dest="ssl_key_file", env="LLAMA_ARG_SSL_KEY_FILE"),
+    F("--ssl-cert-file", "supported", "FNAME",
+      help="PEM certificate: serve HTTPS", dest="ssl_cert_file", env="LLAMA_ARG_SSL_CERT_FILE"),
+    F("--chat-template-kwargs", "supported", "STRING",
+      help="extra variables for the chat template, as a JSON object",
+      dest="chat_template_kwargs", env="LLAMA_ARG_CHAT_TEMPLATE_KWARGS"),
     F("-to --timeout", "divergent", "N", dest="timeout", type="int",
       note="the most seconds one request may run (queue wait, prefill and generation); past it the request "
            "ends with a 503 error (body or stream event) and its slot is freed; also the read timeout of "
            "request bodies (408)", env="LLAMA_ARG_TIMEOUT"),
-    F("--sse-ping-interval", "ignored", "N", note="no SSE keep-alive comments are sent", env="LLAMA_ARG_SSE_PING_INTERVAL"),
+    F("--sse-ping-interval", "ignored", "N", note="no server-wide default: a stream gets SSE comment pings only when "
+      "its request sets sse_ping_interval (upstream pings every 30 s by default)", env="LLAMA_ARG_SSE_PING_INTERVAL"),
     F("--threads-http", "ignored", "N", note="requests are served by one asyncio event loop", env="LLAMA_ARG_THREADS_HTTP"),
-    F("--cache-prompt", "supported", negatives=("--no-cache-prompt",), dest="cache_prompt", env="LLAMA_ARG_CACHE_PROMPT"),
+    F("--cache-prompt", "supported",
+      help="reuse the part of a slot's cache that the next prompt shares",
+      negatives=("--no-cache-prompt",), dest="cache_prompt", env="LLAMA_ARG_CACHE_PROMPT"),
     F("--cache-reuse", "ignored", "N", note="only the common prefix is reused (no KV shifting)", env="LLAMA_ARG_CACHE_REUSE"),
-    F("--metrics", "supported", dest="metrics", env="LLAMA_ARG_ENDPOINT_METRICS"),
-    F("--props", "supported", dest="props", note="POST /props is accepted; it changes nothing", env="LLAMA_ARG_ENDPOINT_PROPS"),
-    F("--slots", "supported", negatives=("--no-slots",), dest="slots", env="LLAMA_ARG_ENDPOINT_SLOTS"),
-    F("--slot-save-path", "supported", "PATH", dest="slot_save_path",
+    F("--metrics", "supported",
+      help="serve Prometheus metrics at /metrics", dest="metrics", env="LLAMA_ARG_ENDPOINT_METRICS"),
+    F("--props", "supported",
+      help="allow POST /props",
+      dest="props", note="it is accepted and changes nothing", env="LLAMA_ARG_ENDPOINT_PROPS"),
+    F("--slots", "supported",
+      help="serve the slots' state at /slots", negatives=("--no-slots",), dest="slots", env="LLAMA_ARG_ENDPOINT_SLOTS"),
+    F("--slot-save-path", "supported", "PATH",
+      help="the directory slots are saved to and restored from", dest="slot_save_path",
       note="POST /slots/:id?action=save|restore|erase; the KV cache and tokens in a safetensors file (MLX's own "
            "I/O), not upstream's binary state format"),
     F("--media-path", "ignored", "PATH", note=MEDIA),
@@ -393,13 +498,16 @@ FLAGS: list[Flag] = [
       "(default 4, 0 = unlimited); the least recently used idle one makes room", env="LLAMA_ARG_MODELS_MAX"),
     F("--models-autoload", "supported", negatives=("--no-models-autoload",), dest="models_autoload",
       note="router mode: load a model when a request names it (default on)", env="LLAMA_ARG_MODELS_AUTOLOAD"),
-    F("--jinja", "supported", negatives=("--no-jinja",), dest="jinja",
+    F("--jinja", "supported",
+      help="render chat templates with Jinja", negatives=("--no-jinja",), dest="jinja",
       note="--no-jinja renders upstream's built-in formats (named, or detected from the template), as upstream",
       env="LLAMA_ARG_JINJA"),
-    F("--reasoning-format", "supported", "FORMAT", dest="reasoning_format",
+    F("--reasoning-format", "supported", "FORMAT",
+      help="where a reply's thinking goes", dest="reasoning_format",
       note="none keeps thinking in the content; auto/deepseek (and deepseek-legacy, as this build treats it) "
            "put it in reasoning_content, with the template's own think tags", env="LLAMA_ARG_THINK"),
-    F("-rea --reasoning", "supported", "[on|off|auto]", dest="reasoning", optional_value=True,
+    F("-rea --reasoning", "supported", "[on|off|auto]",
+      help="whether the model thinks", dest="reasoning", optional_value=True,
       note="on/off set the template variable enable_thinking to true/false, as upstream; auto leaves the template's "
            "default", env="LLAMA_ARG_REASONING"),
     F("--reasoning-effort", "supported", "LEVEL", dest="reasoning_effort",
@@ -407,15 +515,28 @@ FLAGS: list[Flag] = [
     F("--reasoning-budget", "supported", "N", dest="reasoning_budget", type="int",
       note="the end-of-thinking tag is forced after N thinking tokens (-1: no limit), exactly under speculation",
       env="LLAMA_ARG_THINK_BUDGET"),
-    F("--reasoning-budget-message", "supported", "MESSAGE", dest="reasoning_budget_message",
+    F("--reasoning-budget-message", "supported", "MESSAGE",
+      help="text inserted before the forced end-of-thinking tag when the budget runs out",
+      dest="reasoning_budget_message",
       env="LLAMA_ARG_THINK_BUDGET_MESSAGE"),
-    F("--reasoning-preserve", "ignored", negatives=("--no-reasoning-preserve",), note="no reasoning extraction", env="LLAMA_ARG_REASONING_PRESERVE"),
-    F("--chat-template", "supported", "JINJA_TEMPLATE", dest="chat_template",
+    F("--reasoning-preserve", "ignored", negatives=("--no-reasoning-preserve",), env="LLAMA_ARG_REASONING_PRESERVE",
+      note="the template variables upstream sets from it (preserve_thinking, clear_thinking, "
+           "truncate_history_thinking, drop_thinking; preserving by default) are not set: each template keeps or "
+           "drops earlier turns' reasoning_content by its own default"),
+    F("--chat-template", "supported", "JINJA_TEMPLATE",
+      help="the chat template to use instead of the model's", dest="chat_template",
       note="as upstream: Jinja source (or 'chatml'); with --no-jinja a built-in format's name", env="LLAMA_ARG_CHAT_TEMPLATE"),
-    F("--chat-template-file", "supported", "JINJA_TEMPLATE_FILE", dest="chat_template_file", env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
-    F("--skip-chat-parsing", "ignored", negatives=("--no-skip-chat-parsing",), note="replies are content-only already", env="LLAMA_ARG_SKIP_CHAT_PARSING"),
-    F("--prefill-assistant", "ignored", negatives=("--no-prefill-assistant",), note="the template decides", env="LLAMA_ARG_PREFILL_ASSISTANT"),
-    F("-sps --slot-prompt-similarity", "supported", "SIMILARITY", dest="slot_prompt_similarity", type="float"),
+    F("--chat-template-file", "supported", "JINJA_TEMPLATE_FILE",
+      help="--chat-template, read from a file", dest="chat_template_file", env="LLAMA_ARG_CHAT_TEMPLATE_FILE"),
+    F("--skip-chat-parsing", "refused", negatives=("--no-skip-chat-parsing",), env="LLAMA_ARG_SKIP_CHAT_PARSING",
+      note="replies are always parsed: tool calls into tool_calls and thinking into reasoning_content (--reasoning-format "
+           "none keeps the thinking in the content); there is no content-only parser"),
+    F("--prefill-assistant", "ignored", negatives=("--no-prefill-assistant",), env="LLAMA_ARG_PREFILL_ASSISTANT",
+      note="a final assistant message is always continued, as upstream's default; --no-prefill-assistant is not "
+           "honoured (a request sends continue_final_message: false for that)"),
+    F("-sps --slot-prompt-similarity", "supported", "SIMILARITY",
+      help="how much of a slot's cached prompt a new prompt must share to be given that slot (0.0: off)",
+      dest="slot_prompt_similarity", type="float"),
     F("--lora-init-without-apply", "ignored", note="LoRA adapters are not supported"),
     F("--sleep-idle-seconds", "supported", "SECONDS", dest="sleep_idle_seconds", type="int",
       note="unload the model after SECONDS without a request that uses it, reload it on the next one (-1: never)"),
@@ -434,3 +555,9 @@ FLAGS: list[Flag] = [
     F("--spec-default", "divergent", dest="spec_default",
       note="enables prompt lookup (mlxcel's default speculative setup needs no second model)"),
 ]
+
+# upstream's --help sections, in its order
+SECTIONS: tuple[tuple[str, list[Flag]], ...] = (("common params", COMMON), ("sampling params", SAMPLING),
+                                              ("speculative params", SPECULATIVE),
+                                              ("example-specific params", SERVER))
+FLAGS: list[Flag] = [flag for _, flags in SECTIONS for flag in flags]

@@ -26,7 +26,7 @@ import argparse
 import sys
 from typing import TextIO
 
-from mlxcel.drafters.loading import load
+from mlxcel.drafters.drafter_setup import set_up
 from mlxcel.drafters.registry import (
     LOOKUP_NGRAM_MAX,
     LOOKUP_NGRAM_MIN,
@@ -36,11 +36,9 @@ from mlxcel.drafters.registry import (
     choose,
     kind_names,
 )
-from mlxcel.engine.cache.recurrent import unsupported_reason
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.engine.speculative.exactness_probe import probe_at_load
 from mlxcel.engine.speculative.report import report_lines
 from mlxcel.engine.speculative.session import PlainSteps, SpeculativeSession, speculative_generate
 from mlxcel.engine.speculative.switches import diagnostics_enabled, probe_mode, stochastic_accept_enabled
@@ -109,24 +107,21 @@ def check_speculative_args(parser: argparse.ArgumentParser, args: argparse.Names
 
 def make_session(args: argparse.Namespace, target: LoadedModel, params: SamplerParams,
                  choice: Choice, grammar: GrammarMatcher | None = None, err: TextIO | None = None) -> SpeculativeSession:
-    """Load the chosen drafter against ``target`` and open the run's session (constrained by
-    ``grammar``, the run's matcher, when given): declined (decoded plainly, said so on the report
-    line) when the target's recurrent state cannot be restored after a verify round; for a
-    probe-gated drafter the exactness probe runs here, before the prompt, for every width it can use
-    (one line on ``err``), so it is not in the generation figures."""
-    why = unsupported_reason(target.model, target.make_cache)
-    if why is not None:
-        return SpeculativeSession(PlainSteps(), params, n_max=0, kind=choice.kind.loop,
-                                  declined=f"speculation needs the target's state restored after a verify round, and {why}")
+    """Ready the chosen drafter against ``target`` (``drafters.drafter_setup``, as the server does) and
+    open the run's session (constrained by ``grammar``, the run's matcher, when given): declined
+    (decoded plainly, said so on the report line) when the target's recurrent state cannot be
+    restored after a verify round; for a probe-gated drafter the exactness probe has run, before the
+    prompt, for every width it can use (its one line goes to ``err``), so it is not in the generation
+    figures."""
     lookup = LookupOptions(ngram_min=args.prompt_lookup_min, ngram_max=args.prompt_lookup_max)
-    source = load(choice, target, lookup=lookup, prefill_step=args.prefill_step)
-    n_max = source.declared_block if args.num_draft_tokens is None else args.num_draft_tokens
-    if choice.kind.model_based:
-        n_max = min(n_max, source.declared_block)
-    drafter = source.model_drafter
-    if drafter is not None and drafter.probe_gated:
-        print(probe_at_load(target.model, drafter, n_max, vocab_size=target.vocab_size), file=err or sys.stderr)
-    return SpeculativeSession(source.new(), params, n_max=n_max, diagnostics=diagnostics_enabled(),
+    setup = set_up(choice, target, n_max=args.num_draft_tokens, lookup=lookup, prefill_step=args.prefill_step)
+    if setup.declined is not None:
+        return SpeculativeSession(PlainSteps(), params, n_max=0, kind=choice.kind.loop,
+                                  declined="speculation needs the target's state restored after a verify round, "
+                                           f"and {setup.declined}")
+    if setup.probe_line is not None:
+        print(setup.probe_line, file=err or sys.stderr)
+    return SpeculativeSession(setup.source.new(), params, n_max=setup.n_max, diagnostics=diagnostics_enabled(),
                               kind=choice.kind.loop, grammar=grammar,
                               eos_ids=target.eos_token_ids)
 

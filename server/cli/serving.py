@@ -10,13 +10,16 @@ import signal
 import sys
 
 import uvicorn
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from mlxcel.engine.distributed.world import DistributedError, world
 from mlxcel.engine.platform.device import set_cpu_threads
 from mlxcel.server.cli import follower
+from mlxcel.server.cli.connection_guard import MAX_PER_IP_ENV, guarded_protocol, header_deadline, max_per_ip
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
 from mlxcel.server.cli.listen import bind, hosts
 from mlxcel.server.http.app import create_app
+from mlxcel.server.http.disconnects import QuietDisconnects
 from mlxcel.server.router import options
 from mlxcel.server.router.app import RouterSetupError, create_router_app
 from mlxcel.server.runtime.config import ArgumentError, ServerConfig
@@ -53,6 +56,17 @@ def _server_class():
                 self.on_exit()
 
     return Server
+
+
+def _connection_limits(config: ServerConfig) -> dict:
+    """uvicorn's protocol with the header deadline and the per-address connection limit
+    (``connection_guard.py``). No WebSocket upgrades: no route takes one, and an upgraded
+    connection would leave the guard's count."""
+    per_ip = max_per_ip()
+    if config.router:  # the children are reached only by this router, over loopback: no limit there
+        os.environ[MAX_PER_IP_ENV] = "0"
+    return {"http": guarded_protocol(AutoHTTPProtocol, header_deadline(float(config.timeout)), per_ip),
+            "ws": "none"}
 
 
 def _router_app(config: ServerConfig):
@@ -120,7 +134,7 @@ def run(config: ServerConfig) -> int:
     app.state.on_load_error = on_load_error  # the router's children report their own
     # keep-alive as upstream's (5 s); --timeout bounds each request instead (see Scheduler)
     uv_kwargs = {"log_level": "warning" if not config.verbose else "info", "timeout_keep_alive": 5,
-                 "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
+                 "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S, **_connection_limits(config)}
     addresses = hosts(config.host)
     sockets = None
     if len(addresses) > 1:  # several addresses: bound here, then served by one uvicorn server
@@ -135,7 +149,7 @@ def run(config: ServerConfig) -> int:
         uv_kwargs.update(host=addresses[0], port=config.port)
     if config.ssl_key_file or config.ssl_cert_file:
         uv_kwargs.update(ssl_keyfile=config.ssl_key_file, ssl_certfile=config.ssl_cert_file)
-    server = _Server(uvicorn.Config(app, **uv_kwargs))
+    server = _Server(uvicorn.Config(QuietDisconnects(app), **uv_kwargs))
     server.on_exit = lambda: _begin_shutdown(app)
     server_ref.append(server)
     log.info("listening on %s port %s", ", ".join(hosts(config.host)), config.port)

@@ -141,6 +141,8 @@ def _tools(tools: Any) -> list[dict] | None:
         schema = tool.get("input_schema")
         if schema is not None and not isinstance(schema, dict):
             raise invalid(f"tools.{i}: 'input_schema' must be a JSON schema object")
+        if not isinstance(tool.get("description", ""), (str, type(None))):
+            raise invalid(f"tools.{i}: 'description' must be a string")
         function = {"name": tool["name"], "description": tool.get("description") or "",
                     "parameters": schema or {"type": "object", "properties": {}}}
         out.append({"type": "function", "function": function})
@@ -174,7 +176,7 @@ def _thinking(thinking: Any, chat: dict) -> None:
     if not isinstance(thinking, dict):
         raise invalid("thinking: must be an object ({'type': 'enabled', 'budget_tokens': N} or {'type': 'disabled'})")
     kind = thinking.get("type")
-    kwargs = dict(chat.get("chat_template_kwargs") or {})
+    kwargs = dict(typed(chat, "chat_template_kwargs", dict, "object") or {})
     if kind == "enabled":
         budget = typed(thinking, "budget_tokens", int, "number")
         chat["thinking_budget_tokens"] = 10000 if budget is None else budget  # upstream's default

@@ -3,9 +3,15 @@ carries a valid one.
 
 As upstream: the key comes in ``Authorization``, as ``Bearer <key>`` or bare ``<key>`` (upstream strips
 the prefix when present), or, when that header is absent, in the ``X-Api-Key`` header that
-Anthropic-style clients send; ``/health``, ``/v1/health``, ``/models``, ``/v1/models`` and the web
-page (``/``, ``/index.html``) stay public; a missing or wrong key is 401 ``{"error": {"code": 401, "message": "Invalid API Key",
-"type": "authentication_error"}}``. Keys are compared in constant time.
+Anthropic-style clients send. Only ``/health``, ``/v1/health`` and the web page (``/``,
+``/index.html``, upstream's UI assets) are public: everything else, the model list (``/models``,
+``/v1/models``, which in router mode also reloads and removes models) included, needs a key, as
+llama-server 11434 has it. A missing or wrong key is 401 ``{"error": {"code": 401, "message":
+"Invalid API Key", "type": "authentication_error"}}``. Keys are compared in constant time.
+
+A gate that let a request through on a valid key says so in the request's state
+(``KEY_CHECKED``), so a route that is only safe for a caller who proved who they are (the web UI's
+CORS proxy) can tell a keyed request from a server that has no key at all.
 """
 
 from __future__ import annotations
@@ -14,7 +20,18 @@ import hmac
 
 from mlxcel.server.runtime.errors import ApiError
 
-PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/models", "/v1/models", "/", "/index.html"})
+PUBLIC_PATHS = frozenset({"/health", "/v1/health", "/", "/index.html"})
+KEY_CHECKED = "mlxcel_api_key_checked"  # set in scope["state"] (request.state) by the gates
+
+
+def mark_key_checked(scope) -> None:
+    """Record on the request that it carried a valid API key (read by ``key_checked``)."""
+    scope.setdefault("state", {})[KEY_CHECKED] = True
+
+
+def key_checked(request) -> bool:
+    """Whether the gate let ``request`` (a Starlette request) in on a valid API key."""
+    return bool(request.scope.get("state", {}).get(KEY_CHECKED))
 
 
 def invalid_key() -> ApiError:

@@ -15,9 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from mlxcel.server.http.prompts import PROMPT_FORMS, bos_prefix, check_tokens, tokenize_prompt, tokenize_text
+from mlxcel.server.http.prompts import (
+    PROMPT_FORMS,
+    bos_prefix,
+    check_tokens,
+    least_tokens,
+    tokenize_prompt,
+    tokenize_text,
+)
 from mlxcel.server.http.state import ServerState
-from mlxcel.server.runtime.errors import context_exceeded, invalid
+from mlxcel.server.runtime.errors import context_exceeded, context_exceeded_at_least, invalid
 
 NOT_MULTIMODAL = ("image_url", "input_audio", "input_video")
 
@@ -53,6 +60,7 @@ def input_tokens(state: ServerState, entry: Any) -> list[int]:
     if isinstance(entry, dict) and "content" in entry:
         entry = _content_text(entry["content"])
     if isinstance(entry, str):
+        _least_fitting(state, entry)
         tokens = bos_prefix(loaded) + tokenize_text(loaded.tokenizer, entry, add_special=False) + _eos(loaded)
     elif isinstance(entry, (list, dict)):
         tokens = tokenize_prompt(loaded, entry)
@@ -137,21 +145,44 @@ def rerank_request(body: dict) -> tuple[str, list[str], int, bool]:
     return query, docs, top_n, tei
 
 
-def rerank_tokens(state: ServerState, template: str | None, query: str, doc: str) -> list[int]:
+def rerank_inputs(state: ServerState, template: str | None, query: str, docs: list[str]) -> list[list[int]]:
+    """Every document's rerank prompt as tokens, each checked against the context. Without a
+    template the query is tokenized once, not once per document. Seconds of work for a large
+    request: called in a worker thread."""
     loaded = state.loaded
-    if template is not None:
-        text = template.replace("{query}", query).replace("{document}", doc)
-        tokens = tokenize_text(loaded.tokenizer, text, add_special=False)
-    else:
-        def plain(s: str) -> list[int]:
-            return tokenize_text(loaded.tokenizer, s, add_special=False, parse_special=False)
+    n_ctx = state.scheduler.n_ctx
+    least_query = _least_fitting(state, query)
+    head: list[int] = []
+    if template is None:
+        head = bos_prefix(loaded) + _plain_tokens(loaded, query) + _eos(loaded) + _sep(loaded)
+    prompts = []
+    for doc in docs:
+        _least_fitting(state, doc, least_query)
+        if template is not None:
+            text = template.replace("{query}", query).replace("{document}", doc)
+            tokens = tokenize_text(loaded.tokenizer, text, add_special=False)
+        else:
+            tokens = head + _plain_tokens(loaded, doc) + _eos(loaded)
+        if not tokens:
+            raise invalid("Input content cannot be empty")
+        if len(tokens) > n_ctx:
+            raise context_exceeded(len(tokens), n_ctx)
+        prompts.append(tokens)
+    return prompts
 
-        tokens = bos_prefix(loaded) + plain(query) + _eos(loaded) + _sep(loaded) + plain(doc) + _eos(loaded)
-    if not tokens:
-        raise invalid("Input content cannot be empty")
-    if len(tokens) > state.scheduler.n_ctx:
-        raise context_exceeded(len(tokens), state.scheduler.n_ctx)
-    return tokens
+
+def _plain_tokens(loaded, text: str) -> list[int]:
+    """A rerank text without special tokens parsed in it (the vocabulary's own layout adds them)."""
+    return tokenize_text(loaded.tokenizer, text, add_special=False, parse_special=False)
+
+
+def _least_fitting(state: ServerState, text: str, more: int = 0) -> int:
+    """The fewest tokens ``text`` can be (``prompts.least_tokens``), plus ``more`` already counted
+    beside it: past the context, the input is refused before seconds of tokenizing it."""
+    least = least_tokens(text, state.piece_chars) + more
+    if least > state.scheduler.n_ctx:
+        raise context_exceeded_at_least(least, state.scheduler.n_ctx)
+    return least
 
 
 def rerank_body(body: dict, model_name: str, docs: list[str], scores: list[float], n_tokens: list[int],

@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 
 from mlxcel.server.http import header_names
-from mlxcel.server.http.auth import ApiKeys, invalid_key
+from mlxcel.server.http.auth import ApiKeys, invalid_key, mark_key_checked
 from mlxcel.server.http.cors import Cors
 from mlxcel.server.http.limits import BodyLimit
+from mlxcel.server.http.routes.cors_proxy import startup_warning
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.runtime.errors import unavailable
@@ -20,7 +21,9 @@ class GateMiddleware:
     (and the ``OPTIONS`` preflight), 503 while the model loads, 401 without a valid API key, 413
     for a body over ``--max-body-size`` and 408 for one that stalls past ``--timeout``. Pure ASGI,
     so streaming and disconnect detection are untouched; the cost is a header scan and a couple of
-    closures per request (``scripts/bench_gate.py``)."""
+    closures per request (``scripts/bench_gate.py``). A request let in on a valid key is marked so
+    (``auth.mark_key_checked``). Built when the server starts (the first ASGI call is its lifespan
+    startup), so the warning about a keyless CORS proxy is a start-up line."""
 
     def __init__(self, app, state: ServerState):
         self.app = app
@@ -28,6 +31,9 @@ class GateMiddleware:
         self.cors = Cors.from_config(state.config)
         self.keys = ApiKeys(state.api_keys)
         self.body_limit = BodyLimit(state.config.max_body_size, read_timeout=float(state.config.timeout))
+        warning = startup_warning(state.config, bool(self.keys))
+        if warning:
+            log.warning("%s", warning)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -49,9 +55,11 @@ class GateMiddleware:
         prefix = state.config.api_prefix
         if prefix and path.startswith(prefix):
             path = path[len(prefix):] or "/"
-        if self.keys.needed(path) and not self.keys.valid(scope.get("headers", ())):
-            log.warning("unauthorized request to %s: invalid API key", path)
-            return await JsonResponse(invalid_key().body(), status_code=401)(scope, receive, send)
+        if self.keys.needed(path):
+            if not self.keys.valid(scope.get("headers", ())):
+                log.warning("unauthorized request to %s: invalid API key", path)
+                return await JsonResponse(invalid_key().body(), status_code=401)(scope, receive, send)
+            mark_key_checked(scope)
         size = self.body_limit.declared_too_large(scope)
         if size is not None:
             return await self.body_limit.refuse(size, scope, receive, send)

@@ -5,14 +5,18 @@ scripts needs a few more limits so that no single request can exhaust memory or 
 a flag with a default that no ordinary client reaches:
 
 - ``--max-body-size`` (bytes, default 8 MiB): larger bodies get 413 before they are read whole
-  (text is tokenized on the event loop, about a second per megabyte, so this also bounds that);
+  (this also bounds the tokenizing one request can ask for, about a second per megabyte);
 - ``--max-prompt-tokens`` (default 0: the context size is the only bound);
 - ``--max-queue`` (default 256, or ``MLXCEL_MAX_QUEUE``): accepted requests waiting for a slot;
   past it new requests get 503 at once;
 
 A few bounds are fixed rather than flags, because no legitimate request comes near them: at most
-:data:`MAX_STOP_STRINGS` stop strings of :data:`MAX_STOP_CHARS` characters in all, and JSON bodies
-at most :data:`MAX_JSON_DEPTH` levels deep.
+:data:`MAX_STOP_STRINGS` stop strings of :data:`MAX_STOP_CHARS` characters in all, JSON bodies
+at most :data:`MAX_JSON_DEPTH` levels deep, and a body that arrives whole within
+:data:`BODY_DEADLINE_S` seconds of its headers (or ``--timeout``, when shorter): a client that
+drips its body a byte at a time never stalls, so the read timeout alone would never end it. (The
+headers' own deadline and the connections one address may hold are the listener's:
+``cli/connection_guard.py``.)
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import os
 from dataclasses import dataclass
 
 from mlxcel.server.http.sse import JsonResponse
-from mlxcel.server.runtime.errors import body_timeout, invalid, payload_too_large
+from mlxcel.server.runtime.errors import ApiError, body_timeout, invalid, payload_too_large
 
 DEFAULT_MAX_BODY = 8 * 1024 * 1024
 _EXPIRED = float("inf")
@@ -66,14 +70,29 @@ def check_stops(stops: list[str]) -> None:
                       f"but have {total}")
 
 
+# The whole body must arrive within this many seconds of the request's headers however steadily it
+# trickles in (a byte a second never stalls), or within --timeout when that is shorter; a
+# --max-body-size past 7.5 MiB gets longer, at BODY_MIN_RATE (8 MiB: 64 s, about 130 kB/s).
+BODY_DEADLINE_S = 60.0
+BODY_MIN_RATE = 128 * 1024  # bytes a second
+
+
+def whole_body_seconds(limit: int, read_timeout: float) -> float:
+    """How long a request's whole body may take to arrive (see :data:`BODY_DEADLINE_S`)."""
+    seconds = max(BODY_DEADLINE_S, limit / BODY_MIN_RATE)
+    return min(seconds, read_timeout) if read_timeout > 0 else seconds
+
+
 class BodyLimit:
     """Wraps an ASGI ``receive`` so a body past ``limit`` bytes is refused with 413 (at once when
-    ``Content-Length`` says so, else as soon as the chunks received pass it), and a body that
-    stalls for ``read_timeout`` seconds (upstream's ``--timeout`` is a read timeout) with 408."""
+    ``Content-Length`` says so, else as soon as the chunks received pass it), and with 408 a body
+    that stalls for ``read_timeout`` seconds (upstream's ``--timeout`` is a read timeout) or that
+    has not arrived whole :func:`whole_body_seconds` after the headers."""
 
     def __init__(self, limit: int, read_timeout: float = 0.0):
         self.limit = limit
         self.read_timeout = read_timeout
+        self.whole_body_s = whole_body_seconds(limit, read_timeout)
         self._reading: dict[asyncio.Task, float] = {}  # body reads in progress -> deadline
         self._watchdog: asyncio.Task | None = None
         self._watchdog_loop = None
@@ -90,16 +109,18 @@ class BodyLimit:
         return None
 
     def wrap(self, receive):
+        """``receive`` held to the limits; called as the request starts (its headers are in)."""
         seen = 0
         done = False  # the whole body arrived: later receives wait for a disconnect, untimed
-        limit, timeout = self.limit, self.read_timeout
+        limit = self.limit
+        whole_by = asyncio.get_running_loop().time() + self.whole_body_s
 
         async def limited():
             nonlocal seen, done
-            if done or timeout <= 0:
+            if done:
                 message = await receive()
             else:
-                message = await self._timed(receive)
+                message = await self._timed(receive, whole_by)
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > limit:
@@ -109,29 +130,32 @@ class BodyLimit:
 
         return limited
 
-    async def _timed(self, receive):
-        """``receive()``, cancelled by the watchdog if it waits past the read timeout. A dict entry
-        per read instead of a timer per read: the common case (the body is already there) costs
-        well under a microsecond."""
+    async def _timed(self, receive, whole_by: float):
+        """``receive()``, cancelled by the watchdog if it waits past the read timeout or past
+        ``whole_by``, the whole body's deadline. A dict entry per read instead of a timer per read:
+        the common case (the body is already there) costs well under a microsecond."""
         loop = asyncio.get_running_loop()
         task = asyncio.current_task()
         if self._watchdog is None or self._watchdog_loop is not loop:
             self._watchdog_loop, self._watchdog = loop, loop.create_task(self._watch())
-        self._reading[task] = loop.time() + self.read_timeout
+        stall_by = loop.time() + self.read_timeout if self.read_timeout > 0 else float("inf")
+        self._reading[task] = min(stall_by, whole_by)
         try:
             return await receive()
         except asyncio.CancelledError:
             if self._reading.get(task) == _EXPIRED:
                 task.uncancel()
-                raise BodyTimeout(self.read_timeout) from None
+                raise (BodyTimeout(self.read_timeout) if stall_by < whole_by else
+                       BodyTimeout(self.whole_body_s, whole=True)) from None
             raise
         finally:
             self._reading.pop(task, None)
 
     async def _watch(self) -> None:
         loop = asyncio.get_running_loop()
+        positive = [t for t in (self.read_timeout, self.whole_body_s) if t > 0]
         while True:
-            await asyncio.sleep(min(1.0, self.read_timeout))
+            await asyncio.sleep(min(1.0, *positive))
             now = loop.time()
             for task, deadline in list(self._reading.items()):
                 if now > deadline:
@@ -153,5 +177,8 @@ class BodyRefused(Exception):
 
 
 class BodyTimeout(BodyRefused):
-    def __init__(self, seconds: float):
-        super().__init__(body_timeout(seconds))
+    """408: the body stalled for ``seconds`` (or, ``whole``, did not arrive whole within them)."""
+
+    def __init__(self, seconds: float, whole: bool = False):
+        super().__init__(ApiError(f"the request body did not arrive whole within {seconds:g} s of its headers",
+                                  "invalid_request_error", status=408) if whole else body_timeout(seconds))

@@ -14,9 +14,10 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from mlxcel.server.http.disconnects import ClientGone
 from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
 from mlxcel.server.http.schema import parse_body
 from mlxcel.server.http.sse import DONE, JsonResponse, event_stream
@@ -26,10 +27,28 @@ from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.scheduler import TaskHandle
 from mlxcel.server.runtime.task import Final, Partial, Progress
 
+# A body past this many bytes is decoded in a worker thread: decoding a few megabytes of numbers or
+# small objects takes seconds (every float goes through a range check), and the event loop must
+# keep serving everyone else meanwhile; below it the thread hop costs more than decoding inline.
+INLINE_DECODE_MAX = 64 * 1024
+
 
 async def read_body(request: Request) -> dict:
-    """The request's JSON object body (a 400 for anything else)."""
-    return parse_body(await request.body())
+    """The request's JSON object body (a 400 for anything else); :class:`ClientGone` when the
+    client hangs up while sending it."""
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        raise ClientGone("the client disconnected while sending the body") from None
+    if len(raw) <= INLINE_DECODE_MAX:
+        return parse_body(raw)
+    return await asyncio.to_thread(parse_body, raw)
+
+
+async def json_response(content) -> JsonResponse:
+    """``content`` as a JSON response, serialized in a worker thread (a body of many vectors or
+    token probabilities is megabytes of JSON)."""
+    return await asyncio.to_thread(JsonResponse, content)
 
 
 async def complete(request: Request, fmt: ResponseFormat) -> Response:
@@ -44,7 +63,7 @@ async def complete(request: Request, fmt: ResponseFormat) -> Response:
     if plan.stream:
         return event_stream(_chunks(fmt.stream(state, plan, indices), handles, plan.options.sse_ping_interval))
     results = await until_disconnect(request, gather_results(handles))
-    return JsonResponse(fmt.body(state, plan, results, indices))
+    return await json_response(fmt.body(state, plan, results, indices))
 
 
 async def _chunks(writer: CompletionStream, handles: list[TaskHandle], ping_s: int = -1) -> AsyncIterator[bytes]:

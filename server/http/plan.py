@@ -21,7 +21,15 @@ from mlxcel.server.http.chat_template import apply_template, normalize_messages
 from mlxcel.server.http.grammar_fields import after_reasoning, constrain, request_grammar
 from mlxcel.server.http.prompts import check_tokens, least_tokens, split_prompts, tokenize_prompt
 from mlxcel.server.http.request_params import check_unsupported, generation_options
-from mlxcel.server.http.schema import INT_MAX, ChatRequest, CompletionRequest, SamplingFields, check_range, validate
+from mlxcel.server.http.schema import (
+    INT_MAX,
+    ChatRequest,
+    CompletionRequest,
+    SamplingFields,
+    check_number_fields,
+    check_range,
+    validate,
+)
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.http.tool_calls import call_grammar, check_tools, history_messages
 from mlxcel.server.runtime.errors import context_exceeded, context_exceeded_at_least, invalid
@@ -230,6 +238,7 @@ def check_sampling_fields(req: SamplingFields, n_predict: int | None, n_probs: i
     check_range("sse_ping_interval", req.sse_ping_interval, -1, INT_MAX)
     if req.dry_sequence_breakers is not None and not req.dry_sequence_breakers:
         raise invalid("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a non-empty array of strings")
+    check_number_fields(req)  # every other number field: within the C type upstream reads it into
 
 
 def _check_speculative_type(state: ServerState, req: SamplingFields) -> None:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.server.http.response_store import ResponseStore
+from mlxcel.server.http.schema import INT_MAX, check_range
 from mlxcel.server.runtime.errors import ApiError, invalid, json_type_name
 
 log = logging.getLogger(__name__)
@@ -239,7 +240,11 @@ def _tool_choice(choice: Any, tools: list[dict]) -> tuple[Any, list[dict]]:
         mode, allowed = choice.get("mode", "auto"), choice.get("tools")
         if mode not in ("auto", "required") or not isinstance(allowed, list):
             raise invalid("Invalid tool_choice: allowed_tools requires 'mode' (auto or required) and 'tools'")
-        names = {t.get("name") for t in allowed if isinstance(t, dict) and t.get("type") == "function"}
+        if not all(isinstance(t, dict) and (t.get("type") != "function" or isinstance(t.get("name"), str))
+                   for t in allowed):
+            raise invalid("Invalid tool_choice: each of allowed_tools' 'tools' is an object, a function one with "
+                          "'name' (a string)")
+        names = {t["name"] for t in allowed if t.get("type") == "function"}
         return mode, [t for t in tools if t["name"] in names]
     raise invalid(f"Invalid tool_choice: {str(kind)[:64]!r} tools are not supported (only function tools)")
 
@@ -291,6 +296,8 @@ def translate(body: dict, store: ResponseStore, developer_role: bool = False) ->
     max_calls = typed(body, "max_tool_calls", int, "number")
     include = typed(body, "include", list, "array") or []
     reasoning = typed(body, "reasoning", dict, "object") or {}
+    effort = typed(reasoning, "effort", str, "string")
+    check_range("max_tool_calls", max_calls, 0, INT_MAX)
     if store_it is False and background:
         raise invalid("Field 'background': a background response must be stored (store: true)")
     if background and body.get("stream") is True:
@@ -323,8 +330,8 @@ def translate(body: dict, store: ResponseStore, developer_role: bool = False) ->
         chat["tool_choice"] = choice
     if max_output is not None:
         chat["max_tokens"] = max_output
-    if reasoning.get("effort") is not None:
-        chat["reasoning_effort"] = reasoning["effort"]
+    if effort is not None:
+        chat["reasoning_effort"] = effort
     response_format = _response_format(body.get("text"))
     if response_format is not None:
         chat["response_format"] = response_format
@@ -332,7 +339,7 @@ def translate(body: dict, store: ResponseStore, developer_role: bool = False) ->
         id=new_id("resp_"), conversation=conversation, instructions=instructions, tools=tools,
         tool_choice=body.get("tool_choice") or "auto", store=store_it is not False, background=background,
         previous_response_id=previous, metadata=metadata, max_output_tokens=max_output, max_tool_calls=max_calls,
-        reasoning_effort=reasoning.get("effort"), text=body.get("text") or {"format": {"type": "text"}},
+        reasoning_effort=effort, text=body.get("text") or {"format": {"type": "text"}},
         user=body.get("user") if isinstance(body.get("user"), str) else None,
         include_encrypted="reasoning.encrypted_content" in include)
     return chat, request

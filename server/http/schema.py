@@ -8,13 +8,13 @@ where a number belongs is a 400, not a coercion), with upstream's wording:
 
 from __future__ import annotations
 
-import json
-import re
-from typing import Annotated, Any
+from functools import lru_cache
+from types import UnionType
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from mlxcel.server.http.limits import MAX_JSON_DEPTH
+from mlxcel.server.http.json_body import parse_body  # noqa: F401  (its old home: routes import it from here)
 from mlxcel.server.runtime.errors import ApiError, invalid, json_type_name
 
 INT_MAX = 2147483647
@@ -136,7 +136,7 @@ class ChatRequest(SamplingFields):
     messages: Any = None
     logprobs: bool | None = None
     top_logprobs: Int | None = None
-    reasoning_effort: Any = None
+    reasoning_effort: str | None = None
     chat_template_kwargs: dict | None = None
     add_generation_prompt: bool | None = None
     continue_final_message: bool | str | None = None
@@ -167,82 +167,6 @@ _EXPECTED = {
 }
 
 
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"number {text[:40]} is out of range")
-    return value
-
-
-def _too_deep(body: Any, limit: int) -> bool:
-    """Whether containers nest deeper than ``limit`` (iterative: a hostile body cannot recurse)."""
-    stack = [(body, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = value.values() if isinstance(value, dict) else value
-        for child in children:
-            if isinstance(child, (dict, list)):
-                stack.append((child, depth + 1))
-    return False
-
-
-def parse_body(raw: bytes) -> dict:
-    """Decode a JSON object body; malformed JSON is a 400 ``invalid_request_error``. Beyond what
-    ``json`` accepts, this refuses the non-standard ``NaN`` / ``Infinity`` literals, numbers that
-    overflow a double, and containers nested deeper than ``MAX_JSON_DEPTH``."""
-    if not raw.strip():
-        raise invalid("parse error at line 1, column 1: attempting to parse an empty input; "
-                      "check that your input string or stream contains the expected JSON")
-    try:
-        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
-    except json.JSONDecodeError as exc:
-        raise invalid(f"parse error at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-    except UnicodeDecodeError:
-        raise invalid("parse error: the body is not valid UTF-8") from None
-    except RecursionError:
-        raise invalid(f"parse error: the JSON nests deeper than {MAX_JSON_DEPTH} levels") from None
-    except ValueError as exc:  # NaN/Infinity, an overflowing float, an integer too long to convert
-        raise invalid(f"parse error: {exc}") from None
-    if not isinstance(body, dict):
-        raise invalid(f"the request body must be a JSON object, but is {json_type_name(body)}")
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _too_deep(body, MAX_JSON_DEPTH):
-        raise invalid(f"parse error: the JSON nests deeper than {MAX_JSON_DEPTH} levels")
-    if _SURROGATE_ESCAPE.search(raw):
-        _check_no_lone_surrogate(body)
-    return body
-
-
-# A \uD800-\uDFFF escape: JSON text may pair them, but Python's decoder also lets a lone one
-# through, and a lone surrogate is no character: no tokenizer, template or grammar can take it.
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def _check_no_lone_surrogate(body: Any) -> None:
-    """Refuse a body holding a lone UTF-16 surrogate anywhere (keys included), as upstream's JSON
-    parser does (iterative: a hostile body cannot recurse)."""
-    stack = [body]
-    while stack:
-        value = stack.pop()
-        if isinstance(value, str):
-            found = _LONE_SURROGATE.search(value)
-            if found:
-                raise invalid(f"parse error: invalid string: the lone UTF-16 surrogate "
-                              f"\\u{ord(found.group()):04x} is not a character (a surrogate must be "
-                              "one of a high/low pair)")
-        elif isinstance(value, dict):
-            stack.extend(value.keys())
-            stack.extend(value.values())
-        elif isinstance(value, list):
-            stack.extend(value)
-
-
 def validate(model_cls: type[BaseModel], body: dict) -> Any:
     """Build ``model_cls`` from a decoded body, turning the first validation failure into an
     upstream-style 400 naming the field."""
@@ -266,6 +190,11 @@ def validation_error(exc: ValidationError, body: dict) -> ApiError:
         expected = _EXPECTED.get(err["type"], "valid")
         return invalid(f"Field '{field}': type must be an array of {expected}s, "
                        f"but element {err['loc'][1]} is {json_type_name(element)}")
+    if "number" in kinds and isinstance(value, (int, float)) and not isinstance(value, bool):
+        # a number where a number belongs, that the field cannot take: a fraction where an integer
+        # belongs, or an integer too large for a double where a float does
+        what = "must be an integer" if isinstance(value, float) else "is out of range"
+        return invalid(f"Field '{field}': the number {_shown(value)} {what}")
     if kinds:
         expected = " or ".join(kinds)
         return invalid(f"Field '{field}': type must be {expected}, but is {json_type_name(value)}")
@@ -273,6 +202,61 @@ def validation_error(exc: ValidationError, body: dict) -> ApiError:
 
 
 def check_range(field: str, value: int | float | None, low: int | float, high: int | float) -> None:
-    """Upstream's range check message for an integer field."""
+    """Upstream's range check message for a number field."""
     if value is not None and not (low <= value <= high):
-        raise invalid(f"Field '{field}': Value must be between {low} <= value <= {high}, but got {value}")
+        raise invalid(f"Field '{field}': Value must be between {low} <= value <= {high}, but got {_shown(value)}")
+
+
+def _shown(value: int | float) -> str:
+    text = str(value)
+    if len(text) > 24:  # 1e308 sent where an integer belongs is a 309-digit integer
+        text = f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
+    return text
+
+
+INT_MIN = -INT_MAX - 1
+FLT_MAX = 3.4028234663852886e38  # the largest float32
+# integer fields upstream reads into a C type wider than int32 (the seed is a uint32 there, which
+# a negative value or a larger one wraps into)
+_WIDE_INTS = {"seed": (-(2**63), 2**64 - 1), "t_max_predict_ms": (-(2**63), 2**63 - 1),
+              "t_max_prompt_ms": (-(2**63), 2**63 - 1)}
+
+
+def _admits(annotation: Any, kind: type) -> bool:
+    """Whether a field's annotation admits ``kind`` (``Int | None`` admits int)."""
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is Annotated:
+        return _admits(args[0], kind)
+    if origin in (Union, UnionType):
+        return any(_admits(a, kind) for a in args)
+    return annotation is kind
+
+
+@lru_cache(maxsize=None)
+def _number_fields(model_cls: type[BaseModel]) -> tuple[tuple[str, str, type], ...]:
+    """``(attribute, JSON name, int or float)`` of each number field of a request model."""
+    out = []
+    for name, info in model_cls.model_fields.items():
+        kind = int if _admits(info.annotation, int) else float if _admits(info.annotation, float) else None
+        if kind is not None:
+            out.append((name, info.alias or name, kind))
+    return tuple(out)
+
+
+def check_number_fields(req: BaseModel) -> None:
+    """Every number field of a validated request within the C type upstream reads it into (int32
+    for an integer unless ``_WIDE_INTS`` says otherwise; float32 for a float, which is also what
+    the sampler computes in), whether or not a narrower check of its own comes first. JSON numbers
+    have no size: without this a field no range check names (``min_keep``, ``dry_base``, or one
+    added later) takes ``2**64`` or ``1e308`` to an MLX array, a C++ extension or a float power,
+    which fail on it (``std::bad_cast``, ``OverflowError``) with a 500 instead of the request's 400."""
+    for name, json_name, kind in _number_fields(type(req)):
+        value = getattr(req, name)
+        if value is None or isinstance(value, bool):
+            continue
+        if kind is int:
+            low, high = _WIDE_INTS.get(json_name, (INT_MIN, INT_MAX))
+            check_range(json_name, value, low, high)
+        elif not -FLT_MAX <= value <= FLT_MAX:
+            raise invalid(f"Field '{json_name}': {value:g} is out of range: a 32-bit float holds at most "
+                          f"\u00b1{FLT_MAX:.8g}")

@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from starlette.requests import Request
 
+from mlxcel.server.http.disconnects import ClientGone
 from mlxcel.server.http.plan import CompletionPlan
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.runtime.scheduler import TaskHandle
@@ -34,7 +35,8 @@ def open_tasks(state: ServerState, plan: CompletionPlan) -> list[TaskHandle]:
 
 
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
-    """Await ``work``; if the client goes away first, cancel it (freeing its slots)."""
+    """Await ``work``; if the client goes away first, cancel it (freeing its slots) and raise
+    :class:`ClientGone`, which ends the request without an error log (``disconnects.py``)."""
     task = asyncio.ensure_future(work)
     try:
         while True:
@@ -42,8 +44,7 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
             if done:
                 return task.result()
             if await request.is_disconnected():
-                task.cancel()
-                raise asyncio.CancelledError("client disconnected")
+                raise ClientGone("client disconnected")
     finally:
         if not task.done():
             task.cancel()

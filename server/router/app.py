@@ -4,7 +4,9 @@ of models (``--models-dir``, ``--models-preset``) starts, as upstream's. It load
 body's, or the ``?model=`` query of ``GET`` routes); ``GET /models`` lists every model with its
 status, ``POST /models/load`` / ``/models/unload`` start and stop them, ``GET /models/sse`` streams
 their events. The router answers ``/health``, its own ``/props``, ``/tools`` and ``/cors-proxy``,
-checks API keys and CORS; its children run without keys on ``127.0.0.1``.
+checks API keys (on every route but ``/health``, ``/v1/health`` and ``/``) and CORS; its children run
+on ``127.0.0.1`` and take requests only with the router's private credential (``child_access``),
+which the model list never shows, nor the children's ports.
 
 Why child processes rather than several models in one process: it is upstream's design (so
 every per-model route, flag and body comes from a real single-model server, unchanged), a model
@@ -19,7 +21,6 @@ Differences: a start with neither a model nor a source of models serves mlxcel's
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -30,12 +31,14 @@ from starlette.responses import PlainTextResponse, Response
 
 from mlxcel.server.http import header_names
 from mlxcel.server.http.app import add_error_handlers
-from mlxcel.server.http.auth import ApiKeys, invalid_key
+from mlxcel.server.http.auth import ApiKeys, invalid_key, mark_key_checked
 from mlxcel.server.http.cors import Cors
 from mlxcel.server.http.formats.openai import SYSTEM_FINGERPRINT
+from mlxcel.server.http.json_body import decode_json
 from mlxcel.server.http.limits import BodyLimit
 from mlxcel.server.http.routes import cors_proxy, tools, unsupported
 from mlxcel.server.http.sse import JsonResponse, event, event_stream
+from mlxcel.server.router import child_access
 from mlxcel.server.router.catalog import CatalogError, load_catalog
 from mlxcel.server.router.models import Models, RouterError
 from mlxcel.server.router.options import ROUTER_ONLY, from_argv
@@ -59,7 +62,9 @@ GET_ROUTES = ("/metrics", "/lora-adapters", "/slots")
 
 
 class RouterGate:
-    """CORS (and the preflight), API keys and the body limits, as the single-model gate has them."""
+    """CORS (and the preflight), API keys and the body limits, as the single-model gate has them:
+    every route but ``/health``, ``/v1/health`` and ``/`` needs the key, the model list and its
+    reload / removal included."""
 
     def __init__(self, app, config: ServerConfig):
         self.app = app
@@ -67,6 +72,9 @@ class RouterGate:
         self.keys = ApiKeys(config.api_keys())
         self.body_limit = BodyLimit(config.max_body_size, read_timeout=float(config.timeout))
         self.prefix = config.api_prefix
+        warning = cors_proxy.startup_warning(config, bool(self.keys))
+        if warning:
+            log.warning("%s", warning)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -78,8 +86,10 @@ class RouterGate:
         path = scope.get("path", "")
         if self.prefix and path.startswith(self.prefix):
             path = path[len(self.prefix):] or "/"
-        if self.keys.needed(path) and not self.keys.valid(scope.get("headers", ())):
-            return await JsonResponse(invalid_key().body(), status_code=401)(scope, receive, send)
+        if self.keys.needed(path):
+            if not self.keys.valid(scope.get("headers", ())):
+                return await JsonResponse(invalid_key().body(), status_code=401)(scope, receive, send)
+            mark_key_checked(scope)
         size = self.body_limit.declared_too_large(scope)
         if size is not None:
             return await self.body_limit.refuse(size, scope, receive, send)
@@ -107,7 +117,7 @@ def _resolve(models: Models, name: str, autoload: bool):
 
 
 def _ini(name: str, options: dict[str, str]) -> str:
-    hidden = ("host", "port", "alias", "tags", *ROUTER_ONLY)
+    hidden = ("host", "port", "alias", "tags", *ROUTER_ONLY, *child_access.SECRET_OPTIONS)
     lines = [f"[{name}]"] + [f"{k} = {v}" for k, v in options.items() if k not in hidden]
     return "\n".join(lines) + "\n\n"
 
@@ -169,7 +179,7 @@ def create_router_app(config: ServerConfig) -> FastAPI:
         for inst in models.instances.values():
             if inst.entry.hidden:
                 continue
-            status = {"value": inst.status, "args": inst.args}
+            status = {"value": inst.status, "args": inst.public_args}
             if inst.entry.source == "preset":
                 status["preset"] = _ini(inst.name, inst.entry.options)
             if inst.failed:
@@ -193,11 +203,11 @@ def create_router_app(config: ServerConfig) -> FastAPI:
         await models.reconcile(fresh)
 
     async def body_json(request: Request) -> tuple[bytes, dict]:
+        """The raw body (what is proxied) and its JSON object (``{}`` for an empty body or one that
+        is not an object). Decoded by the server's one JSON decoder, so a malformed, too deeply
+        nested or ill-formed-text body is the same 400 here as on a model's own server."""
         raw = await request.body()
-        try:
-            data = json.loads(raw) if raw.strip() else {}
-        except ValueError as exc:
-            raise RouterError(f"Failed to parse the request body as JSON: {exc}") from None
+        data = decode_json(raw) if raw.strip() else {}
         return raw, data if isinstance(data, dict) else {}
 
     async def load(request: Request) -> JsonResponse:

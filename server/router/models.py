@@ -1,5 +1,6 @@
 """The router's models and their servers: one child ``mlxcel-server`` process per loaded model
 (``127.0.0.1``, a free port, ``--alias <name>``), as upstream runs one child llama-server each.
+Each child takes requests only with the router's private credential (``child_access``).
 
 Status, as upstream reports it on ``/models``: ``unloaded`` -> ``loading`` (spawned, not answering
 ``/health`` yet) -> ``loaded`` <-> ``sleeping`` (the child's own ``--sleep-idle-seconds``) ->
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from mlxcel.server.router import child_access
 from mlxcel.server.router.catalog import ModelEntry
 from mlxcel.server.router.options import to_argv
 
@@ -59,8 +61,14 @@ class Instance:
     last_used: float = 0.0
     exit_code: int = 0
     loaded_info: dict = field(default_factory=dict)
-    args: list[str] = field(default_factory=list)
+    args: list[str] = field(default_factory=list)  # the child's command line (its secrets: in its environment)
+    env: dict[str, str] = field(default_factory=dict)  # secret settings passed by environment
     stopping: bool = False
+
+    @property
+    def public_args(self) -> list[str]:
+        """The command line as ``GET /models`` shows it (nothing that leads to the child)."""
+        return child_access.public_args(self.args)
 
     @property
     def name(self) -> str:
@@ -105,8 +113,9 @@ class Models:
         self._subscribers: set[asyncio.Queue] = set()
         self._tasks: set[asyncio.Task] = set()
         self.stopping = False
+        self.credential = child_access.new_credential()  # the children's only API key
         for inst in self.instances.values():
-            inst.args = self._argv(inst, 0)
+            self._set_argv(inst, 0)
 
     # -- lookups -------------------------------------------------------------------------------
     def find(self, name: str) -> Instance | None:
@@ -115,10 +124,10 @@ class Models:
             return inst
         return next((i for i in self.instances.values() if name in i.entry.aliases), None)
 
-    def _argv(self, inst: Instance, port: int) -> list[str]:
-        options = inst.entry.child_options(self.router_options)
-        return [sys.executable, "-m", "mlxcel.server.cli", *to_argv(options), "--host", CHILD_HOST,
-                "--port", str(port), "--alias", inst.name]
+    def _set_argv(self, inst: Instance, port: int) -> None:
+        options, inst.env = child_access.split_secrets(inst.entry.child_options(self.router_options))
+        inst.args = [sys.executable, "-m", "mlxcel.server.cli", *to_argv(options), "--host", CHILD_HOST,
+                     "--port", str(port), "--alias", inst.name]
 
     # -- events ----------------------------------------------------------------------------------
     def _notify(self) -> None:
@@ -234,14 +243,17 @@ class Models:
         if self.models_max > 0 and self._count_running() >= self.models_max:
             raise RouterError("model limit reached, try again later", 503, "unavailable_error")
         inst.port = free_port()
-        inst.args = self._argv(inst, inst.port)
+        self._set_argv(inst, inst.port)
         inst.loaded_info = {}
         inst.last_used = time.monotonic()
         log.info("spawning server instance with name=%s on port %d: %s", name, inst.port, " ".join(inst.args))
         try:
-            inst.proc = await asyncio.create_subprocess_exec(*inst.args, stdin=asyncio.subprocess.DEVNULL)
-        except OSError as exc:
-            raise RouterError(f"failed to spawn server instance: {exc}", 500, "server_error") from None
+            inst.proc = await asyncio.create_subprocess_exec(
+                *inst.args, stdin=asyncio.subprocess.DEVNULL, env=child_access.child_env(self.credential, inst.env))
+        except OSError as exc:  # its text names the program's path: the log has it, the client does not
+            log.error("failed to spawn server instance name=%s: %s", name, exc)
+            raise RouterError(f"failed to spawn server instance: {exc.strerror or type(exc).__name__}", 500,
+                              "server_error") from None
         inst.status = "loading"
         self.broadcast("model_status", name, {"status": "loading"})
         self._notify()
@@ -265,7 +277,7 @@ class Models:
         unloaded when it exits."""
         base = f"http://{CHILD_HOST}:{inst.port}"
         exited = asyncio.create_task(proc.wait())
-        async with httpx.AsyncClient(timeout=5.0) as client:
+        async with httpx.AsyncClient(timeout=5.0, headers=child_access.auth_headers(self.credential)) as client:
             while not exited.done():
                 try:
                     if inst.status == "loading":
@@ -341,11 +353,11 @@ class Models:
                 del self.instances[name]
             elif not inst.running:
                 inst.entry, inst.exit_code = catalog[name], 0
-                inst.args = self._argv(inst, 0)
+                self._set_argv(inst, 0)
         for name, entry in catalog.items():
             if name not in self.instances:
                 inst = self.instances[name] = Instance(entry)
-                inst.args = self._argv(inst, 0)
+                self._set_argv(inst, 0)
         self.broadcast("models_reload", "*")
         self._notify()
 

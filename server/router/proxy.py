@@ -3,7 +3,8 @@ does: same method, path, query, headers and body; the answer's status, headers (
 ones and the child's ``Access-Control-*``: the router's CORS applies) and body, streamed as it
 comes. A client that hangs up closes the connection to the child, which cancels the request there.
 The request counts as the model's until the answer is done, so the model is never evicted
-mid-request."""
+mid-request. The client's own key (``Authorization``, ``X-Api-Key``) is the router's business and
+is not passed on: the child gets the router's private credential instead (``child_access``)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from mlxcel.server.http.sse import JsonResponse
+from mlxcel.server.router import child_access
 from mlxcel.server.router.models import CHILD_HOST, Instance, Models
 
 log = logging.getLogger(__name__)
 
-DROPPED_REQUEST = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+DROPPED_REQUEST = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "authorization",
+                   "x-api-key"}
 DROPPED_RESPONSE = {"server", "transfer-encoding", "content-length", "keep-alive", "connection", "date"}
 
 _client: httpx.AsyncClient | None = None
@@ -41,6 +44,7 @@ async def forward(request: Request, models: Models, inst: Instance, body: bytes,
             await asyncio.sleep(2)
         url = f"http://{CHILD_HOST}:{inst.port}{request.url.path}"
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in DROPPED_REQUEST]
+        headers += list(child_access.auth_headers(models.credential).items())
         upstream = await client().send(client().build_request(request.method, url, params=request.query_params,
                                                               headers=headers, content=body), stream=True)
     except httpx.HTTPError as exc:

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -28,6 +32,8 @@ from mlxcel.engine.embedding.rank_head import (
 )
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.runtime.config import ServerConfig
+from mlxcel.server.runtime.errors import timed_out
+from mlxcel.server.runtime.task import Deferred
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +95,15 @@ class Embedder:
         log.info("embeddings on: pooling %s, normalisation %d", pooling, config.embd_normalize)
         return cls(loaded, pooling, config.embd_normalize, head, template, max(1, config.ubatch_size))
 
+    def embedding_run(self, inputs: list[list[int]], normalization: int, timeout: float,
+                      t_arrival: float) -> EmbeddingRun:
+        """A request's inputs to embed on the engine thread (``Scheduler.call(run)``)."""
+        return EmbeddingRun(lambda tokens: self.embed(tokens, normalization), inputs, self.step, timeout, t_arrival)
+
+    def rerank_run(self, prompts: list[list[int]], timeout: float, t_arrival: float) -> EmbeddingRun:
+        """A request's rerank prompts to score on the engine thread (``Scheduler.call(run)``)."""
+        return EmbeddingRun(self.score, prompts, self.step, timeout, t_arrival)
+
     # -- engine thread ----------------------------------------------------------------------------
 
     def embed(self, tokens: list[int], normalization: int) -> np.ndarray:
@@ -99,3 +114,59 @@ class Embedder:
     def score(self, tokens: list[int]) -> float:
         """A rerank prompt's relevance score: the head's first output."""
         return float(embed(self.loaded.model, tokens, "rank", normalization=-1, head=self.head, step=self.step)[0])
+
+
+# The most engine time one embedding request takes between two engine steps (after at least one
+# input): a decode step of a running completion waits no longer than this for it.
+SLICE_S = 0.05
+
+
+class EmbeddingCancelled(Exception):
+    """The request's client went away: its remaining inputs are dropped."""
+
+
+class EmbeddingRun:
+    """One request's inputs, computed on the engine thread a slice at a time.
+
+    The run is a single ``Scheduler.call`` job that computes inputs until it has spent one
+    ``--ubatch-size`` worth of tokens or :data:`SLICE_S` seconds, then raises ``Deferred`` so the
+    engine steps its running completions before the next slice: a request of thousands of inputs
+    neither starves the completions nor fills the queue with a job per input. Each slice first
+    checks whether the run was cancelled (its client went away: :meth:`cancel`, from the event
+    loop) or is past ``--timeout`` counted from the request's arrival, as a completion is, and then
+    ends with the same 503 a completion gets, dropping the inputs not yet computed.
+    """
+
+    def __init__(self, compute: Callable[[list[int]], Any], inputs: list[list[int]], slice_tokens: int,
+                 timeout: float, t_arrival: float):
+        self._compute = compute
+        self._inputs = inputs
+        self._slice_tokens = max(1, slice_tokens)
+        self._timeout = timeout
+        self._deadline = t_arrival + timeout if timeout > 0 else None
+        self._cancelled = threading.Event()
+        self.results: list[Any] = []
+
+    def cancel(self) -> None:
+        """Drop the inputs not yet computed (any thread; the engine stops before its next slice)."""
+        self._cancelled.set()
+
+    def __call__(self) -> list[Any]:
+        """One slice (engine thread): every result once the last input is done, else ``Deferred``."""
+        if self._cancelled.is_set():
+            log.info("embedding request dropped after %d of %d inputs: its client went away", len(self.results),
+                     len(self._inputs))
+            raise EmbeddingCancelled("the client went away")
+        start = time.perf_counter()
+        if self._deadline is not None and start > self._deadline:
+            log.warning("embedding request ended after %d of %d inputs: past --timeout (%g s)",
+                        len(self.results), len(self._inputs), self._timeout)
+            raise timed_out(self._timeout)
+        spent = 0
+        while len(self.results) < len(self._inputs):
+            if spent >= self._slice_tokens or time.perf_counter() - start >= SLICE_S:
+                raise Deferred
+            tokens = self._inputs[len(self.results)]
+            self.results.append(self._compute(tokens))
+            spent += len(tokens)
+        return self.results

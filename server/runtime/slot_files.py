@@ -5,13 +5,20 @@ upstream's result bodies.
 Each action runs on the engine thread (``Scheduler.call``) and waits while its slot is busy, as
 upstream defers it. A restored slot is exactly a slot that had just run those tokens: the next
 request with that prefix reuses it (``cache_n``). File names follow upstream's rules
-(``valid_filename``): no separators, no ``..``, no control or reserved characters, so a name can
-only ever point inside the directory.
+(``valid_filename``): no separators, no ``..``, no control or reserved characters, at most 255
+bytes, so a name can only ever point inside the directory. A file is written under a short temporary
+name of fixed length beside it and renamed, so even a 255-byte name (the file system's limit) saves.
+
+Error bodies never show where the directory is: the client knows its file name, the server's paths
+are the operator's business (the log has the details).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import secrets
 import time
 from pathlib import Path
 
@@ -22,6 +29,8 @@ from mlxcel.server.runtime.errors import ApiError, invalid
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.slots import Slot
 from mlxcel.server.runtime.task import Deferred
+
+log = logging.getLogger(__name__)
 
 # code points a file name may not hold (besides C0/C1 controls, DEL and the path separators)
 _FORBIDDEN = set(':*?"<>|') | {0xFF0E, 0x2215, 0x2216, 0xFFFD, 0xFEFF}
@@ -64,6 +73,24 @@ def _slot(scheduler: Scheduler, id_slot: int) -> Slot:
     return slot
 
 
+def _without_paths(text: str, path: Path) -> str:
+    """``text`` (an I/O error's) with the directory of ``path`` taken out of every path it names."""
+    directory = str(path.parent)
+    return text.replace(directory + os.sep, "").replace(directory, "")
+
+
+def _write(path: Path, cache, tokens: list[int], fingerprint: str) -> int:
+    """Write the file under a fixed-length temporary name beside ``path`` (whatever the length of
+    ``path``'s name, which may already be the file system's limit), then rename it into place."""
+    tmp = path.with_name(f".slot-{secrets.token_hex(8)}.tmp")
+    try:
+        n_bytes = save_cache_file(tmp, cache, tokens, fingerprint)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return n_bytes
+
+
 def save(scheduler: Scheduler, id_slot: int, filename: str, path: Path) -> dict:
     """Write slot ``id_slot``'s cache and tokens to ``path`` (engine thread)."""
     slot = _slot(scheduler, id_slot)
@@ -72,11 +99,13 @@ def save(scheduler: Scheduler, id_slot: int, filename: str, path: Path) -> dict:
     if slot.cache is not None and tokens and cache_length(slot.cache) != len(tokens):
         raise ApiError("Unable to save slot: its cache does not match its tokens", "server_error")
     try:
-        n_bytes = save_cache_file(path, slot.cache if tokens else None, tokens, model_fingerprint(scheduler.lm))
+        n_bytes = _write(path, slot.cache if tokens else None, tokens, model_fingerprint(scheduler.lm))
     except CacheFileError as exc:
         raise ApiError(str(exc), "not_supported_error") from None
-    except OSError as exc:
-        raise ApiError(f"Unable to save slot: {exc.strerror or exc}", "server_error") from None
+    except (OSError, RuntimeError) as exc:  # RuntimeError: MLX's writer, whose text names the full path
+        log.error("slot %d: cannot write %s: %s", id_slot, path, exc)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"cannot write {filename}"
+        raise ApiError(f"Unable to save slot: {reason}", "server_error") from None
     return {"id_slot": id_slot, "filename": filename, "n_saved": len(tokens), "n_written": n_bytes,
             "timings": {"save_ms": (time.perf_counter() - t0) * 1e3}}
 
@@ -89,6 +118,8 @@ def restore(scheduler: Scheduler, id_slot: int, filename: str, path: Path) -> di
     lm = scheduler.lm
     slot.cache, slot.tokens = None, []
     try:
+        if not path.is_file():
+            raise CacheFileError(f"no slot file named {filename}")
         cache, tokens, n_bytes = load_cache_file(path, model_fingerprint(lm), lm.make_cache())
         if len(tokens) > slot.n_ctx:
             raise CacheFileError("Restored prompt does not fit in the slot context")
@@ -98,8 +129,10 @@ def restore(scheduler: Scheduler, id_slot: int, filename: str, path: Path) -> di
             raise CacheFileError("the cache in the file does not hold its tokens")
         if scheduler.pool is not None and not scheduler.pool.make_room(scheduler.slots, len(tokens)):
             raise CacheFileError("No available space in KV cache")
-    except (CacheFileError, TypeError, ValueError) as exc:
-        raise invalid(f"Unable to restore slot: {exc}") from None
+    except (CacheFileError, OSError, RuntimeError, TypeError, ValueError, KeyError, IndexError) as exc:
+        log.warning("slot %d: cannot restore %s: %s", id_slot, path, exc)
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else _without_paths(str(exc), path)
+        raise invalid(f"Unable to restore slot: {reason}") from None
     if tokens:
         slot.cache, slot.tokens = cache, tokens
     slot.last_used = time.perf_counter()

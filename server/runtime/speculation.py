@@ -18,8 +18,8 @@ and ``--spec-default`` (prompt lookup). Blocks:
   (DFlash/Muse ``block_size - 1``, DSpark ``block_size``; MTP 3). These read the prompt's hidden
   states before their first round: the slot's own prefill keeps them (``feature_layers``; a slot
   keeps the features of what its cache holds, for the next request's prefix), so no request runs
-  a second pass over its prompt. The exactness probe runs here, at load, for every verify width
-  the drafter can use, so no request pays for it either.
+  a second pass over its prompt. The exactness probe runs at load (``drafters.drafter_setup``, as
+  on the CLI), for every verify width the drafter can use, so no request pays for it either.
 
 A target whose recurrent state a verify round cannot restore (``cache.recurrent.unsupported_reason``)
 declines speculation: one warning at startup, and every request it declines is counted
@@ -45,13 +45,12 @@ from __future__ import annotations
 
 import logging
 
-from mlxcel.drafters.loading import DrafterSource, load
+from mlxcel.drafters.drafter_setup import set_up
 from mlxcel.drafters.registry import DrafterKind
-from mlxcel.engine.cache.recurrent import unsupported_reason
+from mlxcel.drafters.source import DrafterSource
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.speculative import verify_cost
-from mlxcel.engine.speculative.exactness_probe import probe_at_load
 from mlxcel.engine.speculative.session import SpeculativeSession, decline_reason
 from mlxcel.engine.speculative.target_features import TargetFeatures
 from mlxcel.engine.speculative.verify_cost import LearnedCost, VerifyCost
@@ -79,42 +78,40 @@ class Speculation:
     @classmethod
     def load(cls, settings: SpeculationSettings, target: LoadedModel, prefill_step: int = 512, *,
              measure_cost: bool = True) -> Speculation:
-        """Load what the drafter needs and probe the verify widths it can use (at startup, so no
-        request ever pays the disk load or the probe). For a drafter whose rows share a verify
-        forward, take that forward's cost model (``engine.speculative.verify_cost``: measured here
-        (and learned while serving with ``=learn``) unless ``MLXCEL_VERIFY_COST`` gives it; never measured when ``measure_cost`` is False, as for
-        ranks serving in lockstep, which must all derive the same draft caps)."""
+        """Load what the drafter needs and probe the verify widths it can use (``drafters.drafter_setup``,
+        as ``mlxcel generate`` does; at startup, so no request ever pays the disk load or the probe),
+        then settle this server's own part: the per-request settings, and, for a drafter whose rows
+        share a verify forward, that forward's cost model (``engine.speculative.verify_cost``:
+        measured here, and learned while serving with ``=learn``, unless ``MLXCEL_VERIFY_COST`` gives
+        it; never measured when ``measure_cost`` is False, as for ranks serving in lockstep, which
+        must all derive the same draft caps)."""
         for note in settings.choice.notes:
             log.warning("%s", note)
-        why = unsupported_reason(target.model, target.make_cache)
-        if why is not None:
+        setup = set_up(settings.choice, target, n_max=settings.n_max, lookup=settings.lookup,
+                       prefill_step=prefill_step)
+        if setup.declined is not None:
             log.warning("Speculation declined for this target: %s. Every request is decoded plainly (counted in "
-                        "mlxcel:spec_decode_declined_total).", why)
-            return cls(settings, None, target, declined=why)
-        source = load(settings.choice, target, lookup=settings.lookup, prefill_step=prefill_step)
-        declared = source.declared_block
-        n_max = declared if settings.n_max is None else settings.n_max
-        if settings.kind.model_based and n_max > declared:
+                        "mlxcel:spec_decode_declined_total).", setup.declined)
+            return cls(settings, None, target, declined=setup.declined)
+        n_max = setup.n_max
+        if setup.capped_from is not None:
             log.warning("--spec-draft-n-max %d exceeds what the %s drafter proposes per block; using %d",
-                        n_max, settings.kind.name, declared)
-            n_max = declared
+                        setup.capped_from, settings.kind.name, n_max)
         settings = SpeculationSettings(settings.choice, n_max=n_max, n_min=min(settings.n_min, n_max),
                                        lookup=settings.lookup, synth_probs=settings.synth_probs)
         if settings.synth_probs:
             log.warning("synthetic speculative acceptance is on (--spec-synth-*), for benchmarking: drafts are "
                         "accepted at random whatever the target says, so the output is not the target's")
-        log.warning("Drafter loaded: %s (block %d, %s); excluded from request timings", source.description, n_max,
-                    _rule_note(settings.kind))
-        drafter = source.model_drafter
-        if drafter is not None and drafter.probe_gated:
-            line = probe_at_load(target.model, drafter, n_max, vocab_size=target.vocab_size)
-            log.warning("%s", line)
+        log.warning("Drafter loaded: %s (block %d, %s); excluded from request timings", setup.source.description,
+                    n_max, _rule_note(settings.kind))
+        if setup.probe_line is not None:
+            log.warning("%s", setup.probe_line)
         cost = None
         if not settings.kind.model_based:
             cost = verify_cost.load(target.model, target.make_cache, target.vocab_size, may_measure=measure_cost)
             if cost is not None:
                 log.warning("Shared verify forward: %s; each row's drafts shrink as the batch widens", cost.describe())
-        return cls(settings, source, target, verify_cost=cost)
+        return cls(settings, setup.source, target, verify_cost=cost)
 
     @property
     def kind(self) -> DrafterKind:

@@ -9,6 +9,7 @@ import io
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import tiny_checkpoints
@@ -120,10 +121,20 @@ def test_every_kind_is_declared_once_with_its_traits():
     assert registry.BY_NAME["dspark"].greedy_only and not registry.BY_NAME["dflash"].greedy_only
     for kind in registry.KINDS:
         assert issubclass(kind.drafter_class(), Drafter)
-        assert kind.model_based == issubclass(kind.drafter_class(), ModelDrafter)
+        assert callable(kind.loader())
+        assert kind.model_based == issubclass(kind.drafter_class(), ModelDrafter)  # the declared trait is the class's
         assert kind.model_based == (kind.default_block is None)  # model-based blocks come from the checkpoint
         assert registry.upstream_type(kind) in registry.SPEC_TYPES
     assert {k.loop for k in registry.KINDS} == {"prompt-lookup", "draft-model", "dflash", "mtp"}
+
+
+def test_a_name_or_spec_type_is_registered_once():
+    before = list(registry.KINDS)
+    for clash in (registry.DFLASH, replace(registry.PROMPT_LOOKUP, name="lookup-2"),
+                  replace(registry.PROMPT_LOOKUP, name="eagle", spec_types=("draft-eagle3",))):
+        with pytest.raises(ValueError, match="already"):
+            registry.register(clash)
+    assert registry.KINDS == before
 
 
 # -- mlxcel generate's flags --------------------------------------------------------------------

@@ -6,6 +6,7 @@ upstream)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -20,10 +21,13 @@ from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.runtime.errors import ApiError
 
+log = logging.getLogger(__name__)
 FORMAT = AnthropicFormat()
 
 
 def _anthropic_errors(handler):
+    """Every failure of a Messages route in Anthropic's error shape, an unexpected one (a 500)
+    included: Anthropic's clients read no other shape."""
     async def handle(request: Request) -> Response:
         try:
             return await handler(request)
@@ -31,6 +35,9 @@ def _anthropic_errors(handler):
             return JsonResponse(error_body(exc), status_code=exc.status)
         except BodyRefused as exc:
             return JsonResponse(error_body(exc.error), status_code=exc.error.status, headers={"Connection": "close"})
+        except Exception as exc:
+            log.exception("unhandled error on %s", request.url.path)
+            return JsonResponse(error_body(ApiError(f"{type(exc).__name__}: {exc}", "server_error")), status_code=500)
 
     handle.__name__ = handler.__name__
     return handle

@@ -1,10 +1,16 @@
 """``/embedding``, ``/embeddings``, ``/v1/embeddings`` (``--embeddings``) and ``/rerank``,
-``/reranking``, ``/v1/rerank``, ``/v1/reranking`` (``--reranking``): each input is one job on the
-engine thread (``Scheduler.call``), so embeddings interleave with running completions."""
+``/reranking``, ``/v1/rerank``, ``/v1/reranking`` (``--reranking``).
+
+A request's inputs are tokenized in a worker thread (the event loop keeps serving everyone else),
+then computed on the engine thread as one ``runtime.embedder.EmbeddingRun``: a slice at a time
+between the steps of running completions, ended by ``--timeout`` (503, as a completion) and
+dropped when the client hangs up. The answer is serialized in a worker thread too.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -14,13 +20,23 @@ from mlxcel.server.http.pipeline import read_body
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.http.tasks import until_disconnect
+from mlxcel.server.runtime.embedder import EmbeddingRun
 from mlxcel.server.runtime.errors import invalid, not_supported
 
 EMBEDDINGS_OFF = "This server does not support embeddings. Start it with `--embeddings`"
 RERANKING_OFF = "This server does not support reranking. Start it with `--reranking`"
 
 
+async def _on_engine(request: Request, state: ServerState, run: EmbeddingRun) -> list:
+    """``run``'s results; a client that hangs up (or any other way out) drops its remaining inputs."""
+    try:
+        return await until_disconnect(request, state.scheduler.call(run))
+    finally:
+        run.cancel()
+
+
 async def _embed(request: Request, oai: bool) -> JsonResponse:
+    t_arrival = time.perf_counter()
     state: ServerState = request.app.state.server
     embedder = state.embedder
     if embedder is None:
@@ -35,13 +51,15 @@ async def _embed(request: Request, oai: bool) -> JsonResponse:
     else:
         raise invalid('"input" or "content" must be provided')
     use_base64 = embeddings.check_encoding(body)
-    inputs = await asyncio.to_thread(embeddings.embedding_inputs, state, value)  # tokenizing: off the loop
     norm = embeddings.check_normalize(body, embedder.normalization)
-    vectors = await until_disconnect(request, asyncio.gather(
-        *(state.scheduler.call(lambda t=tokens: embedder.embed(t, norm)) for tokens in inputs)))
+    inputs = await asyncio.to_thread(embeddings.embedding_inputs, state, value)  # tokenizing: off the loop
+    vectors = await _on_engine(request, state, embedder.embedding_run(inputs, norm, state.scheduler.timeout,
+                                                                      t_arrival))
     if oai:
-        return JsonResponse(embeddings.oai_body(body, state.model_name, vectors, [len(t) for t in inputs], use_base64))
-    return JsonResponse(embeddings.native_body(vectors))
+        lengths = [len(t) for t in inputs]
+        return await asyncio.to_thread(lambda: JsonResponse(
+            embeddings.oai_body(body, state.model_name, vectors, lengths, use_base64)))
+    return await asyncio.to_thread(lambda: JsonResponse(embeddings.native_body(vectors)))
 
 
 async def embeddings_native(request: Request) -> JsonResponse:
@@ -53,17 +71,18 @@ async def embeddings_oai(request: Request) -> JsonResponse:
 
 
 async def rerank(request: Request) -> JsonResponse:
+    t_arrival = time.perf_counter()
     state: ServerState = request.app.state.server
     embedder = state.embedder
     if embedder is None or not embedder.reranking:
         raise not_supported(RERANKING_OFF)
     body = await read_body(request)
     query, docs, top_n, tei = embeddings.rerank_request(body)
-    prompts = [embeddings.rerank_tokens(state, embedder.rerank_template, query, d) for d in docs]
-    scores = await until_disconnect(request, asyncio.gather(
-        *(state.scheduler.call(lambda t=tokens: embedder.score(t)) for tokens in prompts)))
-    return JsonResponse(embeddings.rerank_body(body, state.model_name, docs, list(scores), [len(p) for p in prompts],
-                                               top_n, tei))
+    prompts = await asyncio.to_thread(embeddings.rerank_inputs, state, embedder.rerank_template, query, docs)
+    scores = await _on_engine(request, state, embedder.rerank_run(prompts, state.scheduler.timeout, t_arrival))
+    lengths = [len(p) for p in prompts]
+    return await asyncio.to_thread(lambda: JsonResponse(
+        embeddings.rerank_body(body, state.model_name, docs, list(scores), lengths, top_n, tei)))
 
 
 def add_routes(router: APIRouter) -> None:

@@ -14,15 +14,16 @@ failed); a client that hangs up ends the command.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from mlxcel.server.http.pipeline import read_body
 from mlxcel.server.http.routes.unsupported import feature_disabled
 from mlxcel.server.http.sse import JsonResponse, event, event_stream
+from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.tools.builtin import ToolParamError
 from mlxcel.server.tools.io import ToolRuntimeError
 from mlxcel.server.tools.registry import McpTool, ServerTools, UnknownTool
@@ -47,9 +48,10 @@ async def post_tools(request: Request) -> Response:
     if tools is None:
         return await feature_disabled()
     try:
-        body = json.loads(await request.body())
-        if not isinstance(body, dict):
-            raise ToolParamError("the body must be a JSON object")
+        body = await read_body(request)  # the one JSON decoder every route uses
+    except ApiError as exc:
+        return _error(exc.message, exc.status, exc.type)
+    try:
         name = body.get("tool")
         if not isinstance(name, str):
             raise ToolParamError("'tool' must be a string")
@@ -67,7 +69,7 @@ async def post_tools(request: Request) -> Response:
         if stream:
             return event_stream(_streamed(tool, params))
         return JsonResponse(await asyncio.to_thread(tool.invoke, params, None))
-    except (ValueError, ToolParamError) as exc:  # ValueError: the body is not JSON
+    except (ValueError, ToolParamError) as exc:  # ValueError: a parameter the tool cannot use
         return _error(str(exc), 400, "invalid_request_error")
     except UnknownTool as exc:
         return _error(str(exc), 404, "invalid_request_error", code=400)

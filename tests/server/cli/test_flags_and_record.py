@@ -3,6 +3,7 @@ route table; bad command lines and bad models end with one clear message; API ke
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -14,9 +15,9 @@ import httpx
 import pytest
 from server_process import CAPTURES, REPO, ServerProcess, capture_names, load_capture, run_server_command
 
-from mlxcel.server.cli import compat_record
+from mlxcel.server.cli import compat_record, help_text
 from mlxcel.server.cli.args import ArgumentError, parse_args
-from mlxcel.server.cli.flag_table import FLAGS
+from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
 
 RECORD = compat_record.record_dir(REPO)
 _FILES = Path(tempfile.mkdtemp(prefix="mlxcel-flags-"))
@@ -185,7 +186,7 @@ def test_api_key_and_disabled_endpoints(tiny_llama_dir):
         r = httpx.post(server.url + "/completion", json=body, headers={"Authorization": "Bearer secret"})
         assert r.status_code == 200 and r.json()["tokens_predicted"] == 2
         assert httpx.get(server.url + "/health").status_code == 200
-        assert httpx.get(server.url + "/v1/models").status_code == 200
+        assert httpx.get(server.url + "/v1/models").status_code == 401  # only health and the page are public
         r = httpx.get(server.url + "/slots", headers={"X-Api-Key": "secret"})
         assert r.status_code == 501 and r.json()["error"]["type"] == "not_supported_error"
         r = httpx.get(server.url + "/metrics", headers={"X-Api-Key": "secret"})
@@ -222,3 +223,126 @@ def test_the_record_covers_every_upstream_route_and_field(upstream_sdist):
     states = {f["state"] for f in recorded("request_fields.json")["fields"]}
     assert states <= {"supported", "aliased", "divergent", "refused", "ignored", "not-applicable", "extension"}
     assert all(f["note"] for f in recorded("request_fields.json")["fields"] if f["state"] not in ("supported",))
+
+
+# -- --help -----------------------------------------------------------------------------------------
+
+
+def upstream_sections() -> dict[str, str]:
+    """Each upstream flag name -> the title of the --help section upstream lists it in."""
+    section, out = "", {}
+    for line in (CAPTURES / "help.txt").read_text().splitlines():
+        if line.startswith("-----"):
+            section = line.strip("- ")
+        elif line.startswith("-"):
+            head = line[:40] if len(line) > 40 and line[38:40] == "  " else line
+            for part in head.strip().split(", "):
+                token = part.strip().split(" ", 1)[0]
+                if token.startswith("-"):
+                    out[token] = section
+    return out
+
+
+def help_blocks(text: str) -> dict[str, str]:
+    """``--help``'s text cut at its ``----- title -----`` lines: title -> the block under it."""
+    parts = re.split(r"^----- (.+) -----$", text, flags=re.M)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+def test_help_is_grouped_as_upstream_with_the_common_flags_first():
+    proc = run_server_command("--help")
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    first_screen = "\n".join(proc.stdout.splitlines()[:40])
+    assert first_screen.startswith("usage: mlxcel-server")
+    for name in ("-m,", "-c,", "-np,", "--host", "--port", "-ngl,"):
+        assert re.search(rf"^{re.escape(name)}", first_screen, re.M), name
+    blocks = help_blocks(proc.stdout)
+    upstream_order = ["common params", "sampling params", "speculative params", "example-specific params"]
+    titles = list(blocks)
+    assert [t for t in titles if t in upstream_order] == upstream_order
+    assert titles.index("example-specific params") < titles.index("mlxcel params (not in llama-server)") < \
+        titles.index("accepted and ignored (each one logs why at startup)") < \
+        titles.index("refused (the server does not start with them)")
+    sections = upstream_sections()
+    for flag in FLAGS:
+        home = blocks[sections[flag.names[0]]]
+        shown = re.search(rf"^{re.escape(help_text.names_of(flag))}(?: |$)", home, re.M)
+        if flag.state in ("supported", "divergent"):  # in upstream's section, with what it does and its env
+            assert shown, flag.names
+            assert help_text.description(flag), flag.names
+            if flag.env:
+                entry = home[shown.start():].split("\n-", 1)[0]
+                assert f"(env: {flag.env})" in entry, flag.names
+        else:  # left out of the sections, listed at the end by the reason
+            assert not shown, flag.names
+            tail = blocks["accepted and ignored (each one logs why at startup)" if flag.state == "ignored"
+                          else "refused (the server does not start with them)"]
+            assert re.search(rf"(^ *|, ){re.escape(flag.names[-1])}(,|:)", tail, re.M), flag.names
+
+
+def test_every_honoured_flag_says_what_it_does_and_its_default():
+    from mlxcel.server.runtime.config import ServerConfig
+
+    defaults = {f.name: f.default for f in dataclasses.fields(ServerConfig)}
+    for flag in [*FLAGS, *EXTENSIONS]:
+        if flag.state not in ("supported", "divergent"):
+            continue
+        text = help_text.description(flag)
+        assert flag.help or flag.note, flag.names
+        value = defaults.get(flag.dest)
+        if value not in (None, "", dataclasses.MISSING):  # a real default is shown (or the text states it)
+            assert "default" in text, flag.names
+
+
+@pytest.mark.parametrize("flag", [f for f in [*FLAGS, *EXTENSIONS] if f.env], ids=lambda f: f.env)
+def test_each_env_variable_the_help_shows_sets_its_flag(flag):
+    """As upstream: the variable gives the flag's value when the command line does not; a switch's
+    LLAMA_ARG_NO_* clears it."""
+    value = VALUES.get(flag.dest, {"int": "4", "float": "0.5"}.get(flag.type, "x"))
+    if flag.dest == "chat_template":
+        value = "chatml"
+    cases = [({flag.env: value}, [flag.names[-1], value])] if flag.metavar else [({flag.env: "1"}, [flag.names[-1]])]
+    if flag.metavar is None and flag.negatives:
+        cases.append(({flag.env.replace("LLAMA_ARG_", "LLAMA_ARG_NO_", 1): "true"}, [flag.negatives[-1]]))
+    for environ, argv in cases:
+        try:
+            expected = parse_args(argv, environ={})
+        except ArgumentError as exc:
+            with pytest.raises(ArgumentError, match=re.escape(str(exc))):
+                parse_args([], environ=environ)
+            continue
+        got = parse_args([], environ=environ)
+        assert got.notes == expected.notes, environ
+        if flag.dest:
+            assert getattr(got, flag.dest) == getattr(expected, flag.dest), environ
+
+
+def test_the_command_line_wins_over_the_environment():
+    assert parse_args(["-c", "64"], environ={"LLAMA_ARG_CTX_SIZE": "128"}).ctx_size == 64
+    assert parse_args(["--no-slots"], environ={"LLAMA_ARG_ENDPOINT_SLOTS": "1"}).slots is False
+
+
+# -- the record's states against the code -----------------------------------------------------------
+
+
+def _package_source(*leave_out: str) -> str:
+    files = [p for d in ("server", "engine", "drafters") for p in (REPO / d).rglob("*.py")]
+    return "\n".join(p.read_text() for p in files if str(p.relative_to(REPO)) not in leave_out)
+
+
+def test_flag_states_agree_with_the_code():
+    """A flag recorded as honoured sets something the server reads, and one recorded as ignored or
+    refused has no setting the server reads: otherwise the record (and --help) says something the
+    code does not do, as when a feature lands and its flag stays marked ignored."""
+    table = ("server/cli/flag_table.py", "server/cli/help_text.py", "server/cli/compat_record.py")
+    read = _package_source(*table, "server/runtime/config.py")
+    config_py = (REPO / "server/runtime/config.py").read_text()
+    uses = read + "\n".join(line for line in config_py.splitlines() if "self." in line)  # its properties
+    for flag in [*FLAGS, *EXTENSIONS]:
+        if flag.state in ("supported", "divergent") and flag.dest and flag.dest not in ("help", "version"):
+            assert re.search(rf"\.{flag.dest}\b", uses), f"{flag.names[-1]} is honoured but nothing reads {flag.dest}"
+        elif flag.state in ("ignored", "refused"):
+            for name in [*flag.names, *flag.negatives]:
+                key = name.lstrip("-").replace("-", "_")
+                if name.startswith("--") and len(key) > 3:
+                    assert not re.search(rf"config\.{key}\b", read), f"{name} is {flag.state} but config.{key} is read"

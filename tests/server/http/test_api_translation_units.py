@@ -152,10 +152,32 @@ def test_anthropic_blocks_become_chat_messages_in_order():
      "image input is not supported"),
     ({"max_tokens": 1, "messages": [{"role": "user", "content": "q"}], "tool_choice": {"type": "some"}},
      "tool_choice"),
+    # a field of the chat request the translation reads must have its type checked first (a list or
+    # a string here was a ValueError, a 500 outside Anthropic's error shape)
+    *[({"max_tokens": 1, "messages": [{"role": "user", "content": "q"}], "thinking": {"type": kind},
+        "chat_template_kwargs": kwargs}, "Field 'chat_template_kwargs': type must be object")
+      for kind in ("enabled", "disabled") for kwargs in ([["a", 1]], "abc", 5, True)],
+    ({"max_tokens": 1, "messages": [{"role": "user", "content": "q"}], "tools": [{"name": "f", "description": [1]}]},
+     "tools.0: 'description' must be a string"),
 ])
 def test_anthropic_refusals(body, needle):
     with pytest.raises(ApiError) as err:
         anthropic_request.translate(body)
+    assert err.value.status == 400 and needle in err.value.message
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"input": "q", "tools": [{"type": "function", "name": "f"}],
+      "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": ["f"]}]}},
+     "allowed_tools"),  # an unhashable name was a TypeError
+    ({"input": "q", "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": [5]}}, "allowed_tools"),
+    ({"input": "q", "reasoning": {"effort": 5}}, "Field 'effort': type must be string"),
+    ({"input": "q", "max_tool_calls": -1}, "Field 'max_tool_calls': Value must be between 0"),
+    ({"input": "q", "max_tool_calls": 1e308}, "Field 'max_tool_calls': Value must be between 0"),
+])
+def test_responses_refusals(body, needle):
+    with pytest.raises(ApiError) as err:
+        responses_request.translate(body, ResponseStore())
     assert err.value.status == 400 and needle in err.value.message
 
 

@@ -1,6 +1,8 @@
 """Access on a real server: API keys (``--api-key`` with several keys, ``--api-key-file``) are
-enforced on every route but upstream's public ones, with upstream's exact 401 body; CORS headers
-and preflights as upstream sends them; no route touches a file a request names."""
+enforced on every route but upstream's public ones (``/health``, ``/v1/health``, the page; not the
+model list), with upstream's exact 401 body; CORS headers and preflights as upstream sends them; no
+route touches a file a request names; without a key the web UI's CORS proxy serves only its own
+origin, and a malformed target URL is a 400."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from mlxcel.server.http.cors import Cors
 from mlxcel.server.runtime.config import ServerConfig
 
 UPSTREAM_401 = b'{"error":{"code":401,"message":"Invalid API Key","type":"authentication_error"}}'
-PUBLIC = {"/health", "/v1/health", "/models", "/v1/models", "/", "/index.html"}  # the page: UI assets are public upstream
+PUBLIC = {"/health", "/v1/health", "/", "/index.html"}  # the page: UI assets are public upstream
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +32,7 @@ def key_file(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir, key_file):
     proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "1", "--api-key", "cli-key-1,cli-key-2",
-                         "--api-key-file", str(key_file), "--metrics")
+                         "--api-key-file", str(key_file), "--metrics", "--ui-mcp-proxy")
     yield proc
     proc.stop()
 
@@ -43,8 +45,8 @@ def recorded_routes() -> list[tuple[str, str]]:
 @pytest.mark.parametrize("method, path", recorded_routes())
 def test_every_route_but_the_public_ones_needs_a_key(server, method, path):
     r = httpx.request(method, server.url + path, content=b"{}", timeout=30)
-    if path in PUBLIC:  # public by path, as upstream: a method it lacks (router mode's POST /models) is 404
-        assert r.status_code == (200 if method == "GET" else 404), r.text[:200]
+    if path in PUBLIC:  # public by path, as upstream
+        assert r.status_code == 200, r.text[:200]
     else:
         assert r.status_code == 401 and r.content == UPSTREAM_401, (r.status_code, r.text[:200])
         r = httpx.request(method, server.url + path, content=b"{}", timeout=30,
@@ -146,3 +148,52 @@ def test_no_route_reads_or_writes_a_file_a_request_names(server, tmp_path):
         r = httpx.request(method, server.url + path, json=body, headers=auth, timeout=10)
         assert r.status_code < 500 or r.json()["error"]["type"] == "not_supported_error", (path, r.text[:200])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo"]
+
+
+@pytest.fixture(scope="module")
+def open_proxy(tmp_path_factory):
+    """A server with the web UI's CORS proxy and no API key (a router with no models: nothing loads)."""
+    empty = tmp_path_factory.mktemp("open-proxy") / "no-models.ini"
+    empty.write_text("; no models\n")
+    proc = ServerProcess("--models-preset", str(empty), "--ui-mcp-proxy", timeout=120)
+    yield proc
+    proc.stop()
+
+
+def test_a_keyless_cors_proxy_serves_only_its_own_origin(open_proxy):
+    """Any page the user opens could otherwise read any URL this machine reaches through it."""
+    port = open_proxy.port
+    own = f"http://127.0.0.1:{port}"
+    url = open_proxy.url + "/cors-proxy"
+    params = {"url": open_proxy.url + "/health"}
+    for headers in ({}, {"Origin": own}, {"Origin": own, "Sec-Fetch-Site": "same-origin"}, {"Sec-Fetch-Site": "none"},
+                    {"Host": f"localhost:{port}", "Origin": f"http://localhost:{port}"}):
+        r = httpx.get(url, params=params, headers=headers, timeout=30)
+        assert r.status_code == 200 and r.json() == {"status": "ok"}, (headers, r.text[:200])
+    for headers in ({"Origin": "http://evil.example"}, {"Origin": "http://127.0.0.1:1"}, {"Origin": "null"},
+                    {"Origin": f"http://localhost:{port}"}, {"Sec-Fetch-Site": "cross-site"},
+                    {"Sec-Fetch-Site": "same-site"}, {"Origin": own, "Sec-Fetch-Site": "cross-site"},
+                    # DNS rebinding: a name another site controls, resolved to this server
+                    {"Host": f"evil.example:{port}"},
+                    {"Host": f"evil.example:{port}", "Origin": f"http://evil.example:{port}"}):
+        for method in ("GET", "POST"):
+            r = httpx.request(method, url, params=params, headers=headers, timeout=30)
+            assert r.status_code == 403, (method, headers, r.text[:200])
+            assert r.json()["error"]["type"] == "permission_error" and "same-origin" in r.json()["error"]["message"]
+    assert "--ui-mcp-proxy without an API key" in open_proxy.log()  # said at startup
+
+
+def test_with_a_key_the_key_is_the_cors_proxy_check(server):
+    r = httpx.get(server.url + "/cors-proxy", params={"url": server.url + "/health"}, timeout=30,
+                  headers={"Authorization": "Bearer cli-key-1", "Origin": "http://elsewhere.example",
+                           "Sec-Fetch-Site": "cross-site"})
+    assert r.status_code == 200 and r.json() == {"status": "ok"}, r.text[:200]
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999/", "http://127.0.0.1:0/", "http://[::1/", "http://[zz]/",
+                                 "http://host:abc/", "http://host:-1/", "http://xn--a.com/", "http://\x00/",
+                                 "http://:80/", "ftp://127.0.0.1/", "nothing"])
+def test_a_malformed_proxy_target_is_a_400(open_proxy, url):
+    r = httpx.get(open_proxy.url + "/cors-proxy", params={"url": url}, timeout=30)
+    assert r.status_code == 400, r.text[:200]
+    assert r.json()["error"]["type"] == "invalid_request_error"

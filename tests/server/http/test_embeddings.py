@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import functools
 import struct
+import threading
+import time
 
 import httpx
 import mlx.core as mx
@@ -107,6 +109,35 @@ def test_native_shape_and_openai_client(embed_server):
 def test_bad_embedding_requests(embed_server, body):
     r = oai(embed_server, **body)
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+def test_a_long_embedding_request_yields_to_completions_and_stops_when_its_client_leaves(embed_server):
+    """Thousands of inputs run a slice at a time between the engine's steps (a completion is
+    answered meanwhile, not queued behind them or refused as a full queue), and when the client
+    hangs up the engine drops the inputs left instead of computing them for nobody."""
+    inputs = [[5 + (i + j) % 300 for j in range(200)] for i in range(5000)]  # many seconds of engine work
+
+    def leave_after_3_s():
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(embed_server.url + "/embedding", json={"content": inputs}, timeout=3)
+
+    client = threading.Thread(target=leave_after_3_s)
+    client.start()
+    time.sleep(1.5)
+    t0 = time.monotonic()
+    r = httpx.post(embed_server.url + "/completion", json={"prompt": "hi", "n_predict": 1}, timeout=60)
+    waited = time.monotonic() - t0
+    client.join(60)
+    assert r.status_code == 200, r.text[:300]
+    assert waited < 10, f"the completion waited {waited:.1f} s behind the embedding"
+    deadline = time.monotonic() + 20
+    while "embedding request dropped after" not in embed_server.log() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    log = embed_server.log()
+    assert "embedding request dropped after" in log, log[-2000:]
+    line = log[log.index("embedding request dropped after"):].splitlines()[0]
+    done = int(line.split("after ")[1].split(" of ")[0])
+    assert done < 5000 and "of 5000 inputs" in line, line
 
 
 def test_too_long_and_rerank_off(embed_server):

@@ -1,8 +1,9 @@
 """A request's host-side preparation does not stall the other clients.
 
-Tokenizing a long prompt (or rendering a template, compiling a grammar) runs in a worker thread,
-not on the event loop: while one client's multi-megabyte prompt is being tokenized, the server
-keeps answering everyone else. On the event loop, no other request is answered until it is done.
+Tokenizing a long prompt (or rendering a template, compiling a grammar, building rerank prompts,
+decoding a large JSON body) runs in a worker thread, not on the event loop: while one client's
+multi-megabyte prompt is being tokenized, the server keeps answering everyone else. On the event
+loop, no other request is answered until it is done.
 """
 
 from __future__ import annotations
@@ -19,11 +20,17 @@ LONG_TEXT = "the quick brown fox jumps over the lazy dog " * 50_000
 # a conversation of 150k short turns (~5 MB of JSON): validating and rendering it take seconds; the
 # rendered prompt is then refused as past the context, before it is tokenized
 MANY_TURNS = [{"role": "user" if i % 2 == 0 else "assistant", "content": "hi"} for i in range(150_000)]
+# 1500 documents to rerank (4.6 MB to tokenize, seconds), the last one past the context, so the
+# request ends with a 400 once every prompt is built instead of scoring them all
+DOCUMENTS = ["the quick brown fox jumps over the lazy dog " * 70] * 1500 + ["a lazy dog " * 1000]
+# 1.5 million numbers in a field no route reads: decoding the 7.5 MB body takes seconds (every float is
+# range-checked)
+MANY_NUMBERS = [0.5] * 1_500_000
 
 
 @pytest.fixture(scope="module")
 def server(tiny_llama_dir):
-    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "2")
+    proc = ServerProcess("-m", str(tiny_llama_dir), "-np", "2", "--reranking")
     yield proc
     proc.stop()
 
@@ -58,7 +65,9 @@ def _answered_while(server, path: str, body: dict) -> tuple[float, list[float]]:
     ("/tokenize", {"content": LONG_TEXT}),
     ("/v1/chat/completions", {"messages": MANY_TURNS, "max_tokens": 1}),  # the completion pipeline's plan
     ("/apply-template", {"messages": MANY_TURNS}),
-], ids=["tokenize", "chat", "apply-template"])
+    ("/rerank", {"query": "which fox?", "documents": DOCUMENTS}),
+    ("/completion", {"prompt": "hi", "n_predict": 1, "unread": MANY_NUMBERS}),  # the body's JSON decode
+], ids=["tokenize", "chat", "apply-template", "rerank", "json-body"])
 def test_health_answers_while_a_long_prompt_is_tokenized(server, path, body):
     (start, end), answers = _answered_while(server, path, body)
     busy = end - start

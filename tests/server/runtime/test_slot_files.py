@@ -1,6 +1,7 @@
 """Slot files on a real server: a saved, erased and restored slot continues token for token as the
-uninterrupted slot does (and reuses the restored prefix); file names cannot leave the directory;
-upstream's bodies and errors."""
+uninterrupted slot does (and reuses the restored prefix); file names cannot leave the directory,
+and every name upstream accepts (up to 255 bytes) saves; upstream's bodies and errors, which never
+show the server's directory."""
 
 from __future__ import annotations
 
@@ -123,3 +124,26 @@ def test_save_waits_for_a_busy_slot(server):
     assert saved is not None and saved.status_code == 200, saved
     done = results["completion"]
     assert saved.json()["n_saved"] == done["tokens_evaluated"] + done["tokens_predicted"] - 1
+
+
+def test_a_name_of_255_bytes_saves_and_restores(server, save_dir):
+    """The file system's limit on a name is 255 bytes: the temporary file beside it must not add to it."""
+    name = "é" * 100 + "x" * 51 + ".bin"  # 255 bytes of UTF-8
+    assert len(name.encode()) == 255
+    saved = action(server, 1, "save", {"filename": name})
+    assert saved.status_code == 200 and saved.json()["filename"] == name, saved.text
+    restored = action(server, 1, "restore", {"filename": name})
+    assert restored.status_code == 200 and restored.json()["n_read"] == (save_dir / name).stat().st_size
+    assert not [p.name for p in save_dir.iterdir() if "tmp" in p.name]  # no temporary file left behind
+
+
+def test_errors_never_show_the_servers_directory(server, save_dir):
+    (save_dir / "garbage.bin").write_bytes(b"not a slot file at all")
+    (save_dir / "a-directory.bin").mkdir()
+    for what, name in (("restore", "missing.bin"), ("restore", "garbage.bin"), ("restore", "a-directory.bin"),
+                       ("save", "a-directory.bin")):
+        r = action(server, 0, what, {"filename": name})
+        assert r.status_code in (400, 500), r.text
+        message = r.json()["error"]["message"]
+        assert message.startswith(f"Unable to {what} slot"), message
+        assert str(save_dir) not in r.text and str(save_dir.resolve()) not in r.text and "/" not in message, message
