@@ -240,10 +240,11 @@ def grammar_clock():
 def bench_verify(lm, rows_list, tokens, k):
     from mlxcel.drafters.draft_model import DraftModelDrafter
     from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
+    from mlxcel.engine.decode.speculative import speculative_generate
     from mlxcel.engine.sampling.grammar import JSON_SCHEMA, compile_grammar
     from mlxcel.engine.sampling.grammar_matcher import new_matcher
     from mlxcel.engine.sampling.params import SamplerParams
-    from mlxcel.engine.speculative.session import SpeculativeSession, speculative_generate
+    from mlxcel.engine.speculative.session import SpeculativeSession
     from mlxcel.server.cli.generate import encode_prompt
 
     grammar = compile_grammar(JSON_SCHEMA, {"type": "array", "items": SCHEMA, "minItems": 2})

@@ -49,12 +49,13 @@ import mlx.core as mx
 from mlxcel.engine.cache.kv_cache import rewind
 from mlxcel.engine.cache.recurrent import REPLAY, StateTape
 from mlxcel.engine.decode.plain import generate_tokens
+from mlxcel.engine.decode.speculative import speculative_generate
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.drafter import Drafter
 from mlxcel.engine.speculative.proposal import Proposal
-from mlxcel.engine.speculative.session import SpeculativeSession, speculative_generate
+from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.engine.speculative.target_features import forward_with_features, inner_model
 
 PROMPT = "Write a Python function that checks whether a string is a palindrome."

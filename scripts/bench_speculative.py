@@ -31,11 +31,12 @@ import time
 from mlxcel.drafters.draft_model import DraftModelDrafter
 from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
 from mlxcel.engine.decode.plain import generate_tokens
+from mlxcel.engine.decode.speculative import speculative_generate
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.report import report_lines
-from mlxcel.engine.speculative.session import SpeculativeSession, speculative_generate
+from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.server.cli.generate import encode_prompt
 
 CODE_PROMPT = "Write a Python function that checks whether a string is a palindrome, with a docstring and tests."

@@ -87,7 +87,7 @@ SMALL_TREE = {
     "engine/gguf/structure.py": 'SUFFIX = "ForCausalLMNextN"\n',
     "server/runtime/scheduler.py": "class Scheduler:\n    def _ragged_step(self):\n        pass\n",
     "server/http/app.py": "",
-    "tests/engine/decode/test_ragged.py": "def test_rows_keep_their_bits():\n    pass\n",
+    "tests/engine/cache/test_ragged.py": "def test_rows_keep_their_bits():\n    pass\n",
 }
 
 
@@ -109,14 +109,14 @@ EXISTING = ["engine/cache/ragged.py", "cache/ragged.py", "ragged.py", "server/ht
             "cache.ragged", "mlxcel.engine.decode", "ragged.RETAIN", "ragged.StepPlan.width", "session.round()",
             "session.decide_together()", "SpeculativeSession.record", "RaggedBatch.rows", "SpeculativeSession",
             "joinable()", "Pool::run", "ForCausalLMNextN", "TokenizerWrapper",
-            "tests/engine/decode/test_ragged.py::test_rows_keep_their_bits", "test_ragged.py::test_rows_keep_their_bits"]
+            "tests/engine/cache/test_ragged.py::test_rows_keep_their_bits", "test_ragged.py::test_rows_keep_their_bits"]
 
 STALE = ["engine/decode/padded.py", "decode/padded.py", "padded.py", "server/grpc/", "qmatmul_src/gone.cpp",
          "engine/cache/ragged.RaggedBatch.backward()", "runtime/task.Task", "Scheduler._verify_batch",
          "decode.padded", "mlxcel.engine.decoder", "ragged.verify_rows", "ragged.StepPlan.height",
          "session.prepare_round()", "SpeculativeSession.decide", "SpeculativeRound", "SpeculativeRound.run",
          "verify_batch()", "Pool::stop", "gone.decide_round()",
-         "tests/engine/decode/test_ragged.py::test_gone", "tests/engine/test_padded.py::test_rows"]
+         "tests/engine/cache/test_ragged.py::test_gone", "tests/engine/test_padded.py::test_rows"]
 
 NOT_NAMES = ["--spec-type ngram-simple", "-md", "--no-ui", "MLXCEL_AMX=0", "MLXCEL_*", "OPENBLAS_NUM_THREADS",
              "Q4_K", "GET", "POST /v1/chat/completions", "/completion", "/slots/:id", "/tmp/bench.py",

@@ -39,7 +39,7 @@ def last_row_head(model, hidden: mx.array) -> mx.array:
     return model.lm_head(hidden)[0, -1]
 
 
-def _last_position_logits(model, x: mx.array, cache: list[Any]) -> mx.array:
+def last_position_logits(model, x: mx.array, cache: list[Any]) -> mx.array:
     """Logits of the last position only. mlx-lm's models project every position of a chunk onto
     the vocabulary; on a 49k-token vocabulary that is a large share of a prompt's compute, so for
     plain-head architectures the head is applied to the last hidden state alone."""
@@ -51,7 +51,7 @@ def _last_position_logits(model, x: mx.array, cache: list[Any]) -> mx.array:
 def forward_chunk(model, tokens: Sequence[int], cache: list[Any]) -> mx.array:
     """Feed ``tokens`` to one sequence's ``cache`` and return the logits of the last position,
     shape ``[V]``, evaluated (the cache state is evaluated with them)."""
-    logits = _last_position_logits(model, mx.array(list(tokens), dtype=mx.int32)[None], cache)
+    logits = last_position_logits(model, mx.array(list(tokens), dtype=mx.int32)[None], cache)
     mx.eval(logits, [c.state for c in cache])
     return logits
 

@@ -23,7 +23,7 @@ flat, with no padding: the matmul kernels round a row independently of the matri
 included (``tests/engine/platform/test_qmatmul.py``), the per-token rope and the ragged attention
 (``platform.ragged_ops``) compute each token and query by the single-sequence fused ops' own code,
 over exactly its row's keys. So a row's logits are bitwise the same whatever else is in the forward,
-and the same as the single-sequence forward of the same chunks gives (``tests/engine/decode/test_ragged.py``).
+and the same as the single-sequence forward of the same chunks gives (``tests/engine/cache/test_ragged.py``).
 Elsewhere (Metal, CUDA, float weights, ``MLXCEL_FUSED_OPS=0``) the attention is MLX's masked one on a
 padded ``[B, width]`` view: exact only where its kernels round a row independently of the padded
 shape, which MLX's CPU masked attention (BLAS sgemm and softmax over the padded keys) does not

@@ -1,5 +1,6 @@
 """Plain (non-speculative) decoding of one sequence: prefill the prompt, then one token per
-model step.
+model step, each a one-row step of ``decode.step`` on the sequence's own cache (``OwnCaches``),
+pipelined: the next step's forward is queued over the token just picked before it is read back.
 
 The token at absolute position ``i`` of the sequence is chosen by ``SamplerChain`` from the
 logits of position ``i - 1`` with the sampler's history ``sequence[:i]`` and the random key of
@@ -25,10 +26,11 @@ from typing import Any
 import mlx.core as mx
 
 from mlxcel.engine.cache.kv_cache import cache_length, rewind
-from mlxcel.engine.cache.prefill import DEFAULT_PREFILL_STEP, prefill
+from mlxcel.engine.cache.prefill import DEFAULT_PREFILL_STEP
+from mlxcel.engine.decode.step import OwnCaches, Row, Sampling
 from mlxcel.engine.errors import PromptError
 from mlxcel.engine.sampling.chain import SamplerChain
-from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows
+from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 
 # Give freed buffers back to the allocator this often (as mlx-lm does) so a long generation
 # does not hold on to every intermediate it ever allocated.
@@ -86,9 +88,10 @@ def generate_tokens(
 
     mx.reset_peak_memory()
     start = time.perf_counter()
-    logits = prefill(model, prompt[cached:], cache, prefill_step)
-    y = chain.pick(logits[None], history, seed=seed, first_position=len(history),
-                   allowed=_allowed(grammar, logits.shape[-1]))
+    own = OwnCaches(model, {0: cache})
+    _prefill_head(own, cache, prompt[cached:-1], prefill_step)
+    (forwarded,) = own.forward([Row(0, prompt[-1:], logits=1)])
+    y = Sampling(chain, history, seed, grammar).pick(forwarded.logits)
     mx.eval(y)
     prompt_time = time.perf_counter() - start
     prompt_tps = (len(prompt) - cached) / max(prompt_time, 1e-9)
@@ -100,8 +103,7 @@ def generate_tokens(
         # overlaps with the evaluation of this one.
         last = len(generated) + 1 >= max_tokens
         if not last:
-            next_logits = model(y[None], cache=cache)[0, -1]
-            mx.async_eval(next_logits)
+            (forwarded,) = own.forward([Row(0, y, logits=1)])
         token = int(y.item())
         history.append(token)
         generated.append(token)
@@ -132,11 +134,15 @@ def generate_tokens(
             return
         if n % CLEAR_CACHE_EVERY == 0:
             mx.clear_cache()
-        y = chain.pick(next_logits[None], history, seed=seed, first_position=len(history),
-                       allowed=_allowed(grammar, next_logits.shape[-1]))
+        y = Sampling(chain, history, seed, grammar).pick(forwarded.logits)
         mx.async_eval(y)
 
 
-def _allowed(grammar: GrammarMatcher | None, vocab_size: int) -> mx.array | None:
-    """The grammar's mask for the next position, ``[1, V]`` (None unconstrained)."""
-    return None if grammar is None else allowed_rows(grammar.masks(), vocab_size)
+def _prefill_head(own: OwnCaches, cache: list[Any], head: Sequence[int], step: int) -> None:
+    """All but the prompt's last token, in chunks of ``step`` whose logits are never computed (only
+    the cache is evaluated); the last token then runs alone, as every decode step does."""
+    step = max(1, int(step))
+    for i in range(0, len(head), step):
+        own.forward([Row(0, list(head[i:i + step]))])
+        mx.eval([c.state for c in cache])
+        mx.clear_cache()

@@ -32,12 +32,12 @@ one-row steps (``decode.sequence``).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import mlx.core as mx
 
-from mlxcel.engine.cache.batch import DecodeBatch, forward_chunk
+from mlxcel.engine.cache.batch import DecodeBatch, last_position_logits
 from mlxcel.engine.cache.kv_cache import rewind as rewind_cache
 from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan
 from mlxcel.engine.sampling.batch_select import Draw, select_draws
@@ -66,6 +66,16 @@ class Sampling:
         return Draw(self.chain, logits, self.history, seed=self.seed, first_position=len(self.history),
                     allowed=allowed)
 
+    def pick(self, logits: mx.array) -> mx.array:
+        """This row's token from its logits row ``[1, V]`` as a lazy ``[1]`` array, its grammar's mask
+        applied (the forced token, when a budget forces one): what a pipelined loop queues its next
+        forward on before reading it back."""
+        if self.forced is not None:
+            return mx.array([int(self.forced)], dtype=mx.int32)
+        allowed = allowed_rows(self.grammar.masks(), logits.shape[-1]) if self.grammar is not None else None
+        return self.chain.pick(logits, self.history, seed=self.seed, first_position=len(self.history),
+                               allowed=allowed)
+
 
 @dataclass
 class Verify:
@@ -88,7 +98,7 @@ class Row:
     block's every row, one for a sampled row, none otherwise)."""
 
     key: Hashable
-    tokens: list[int]
+    tokens: list[int] | mx.array  # a lazy ``[n]`` array: tokens picked and not read back yet (a pipelined step)
     sampling: Sampling | None = None
     verify: Verify | None = None
     features: tuple[int, ...] | None = None  # hidden-state layers to keep (a model drafter's row)
@@ -183,8 +193,10 @@ class BatchCacheRows:
 
 class OwnCaches:
     """Rows that keep their own single-sequence cache (``caches[key]``): each row's forward runs
-    alone, a prompt chunk as ``cache.batch.forward_chunk`` (the last position's logits), with the
-    features a model drafter reads when the row names layers."""
+    alone, queued, with the head over its last position only (``cache.batch.last_position_logits``),
+    and with the features a model drafter reads when the row names layers (evaluated). A row's
+    tokens may be lazy (a pipelined step). A verify row's round runs in ``run_step``
+    (``SpeculativeSession.round`` on the row's cache)."""
 
     def __init__(self, model: Any, caches: dict[Hashable, list[Any]]):
         self.model = model
@@ -196,11 +208,20 @@ class OwnCaches:
             cache = self.caches[row.key]
             if row.verify is not None:
                 out.append(Forwarded())  # the session's own round forwards (run_step)
-            elif row.features is not None:
+                continue
+            if row.features is not None:
                 logits, part = chunk_with_features(self.model, row.tokens, cache, row.features)
                 out.append(Forwarded(logits[None], part.compact()))
+                continue
+            x = row.tokens if isinstance(row.tokens, mx.array) else mx.array(list(row.tokens), dtype=mx.int32)
+            if row.wanted:
+                logits = last_position_logits(self.model, x[None], cache)[None]
+                mx.async_eval(logits, [c.state for c in cache])
             else:
-                out.append(Forwarded(forward_chunk(self.model, row.tokens, cache)[None]))
+                self.model(x[None], cache=cache)
+                logits = None
+                mx.async_eval([c.state for c in cache])
+            out.append(Forwarded(logits))
         return out
 
     def rewind(self, key: Hashable, n: int) -> None:
@@ -294,6 +315,3 @@ def _own_round(backend: Backend, row: Row, out: RowOutcome) -> None:
     except Exception as exc:
         out.error = exc
 
-
-__all__ = ["Backend", "BatchCacheRows", "Forwarded", "OwnCaches", "RaggedRows", "Row", "RowOutcome", "Sampling",
-           "Verify", "field", "run_step"]

@@ -206,7 +206,7 @@ def _off(name: str) -> bool:
 
 # Families whose float models (weights in float32 tiles) also take the fused ops, shared inputs and
 # lean blocks: the plain decoder blocks the ragged step runs flat, and the hybrids whose block
-# cut-back tests/engine/decode/test_recurrent.py checks bit for bit with them (Qwen3-Next's was not
+# cut-back tests/engine/cache/test_recurrent.py checks bit for bit with them (Qwen3-Next's was not
 # exact until fuse_layers took its 1-output shared-expert gate off OpenBLAS: RowwiseLinear). On
 # others (MoE, gemma, ...) a float model keeps MLX's norms, rope and attention beside the float
 # kernel: not checked there.

@@ -36,11 +36,12 @@ from mlxcel.drafters.registry import (
     choose,
     kind_names,
 )
+from mlxcel.engine.decode.speculative import speculative_generate
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.report import report_lines
-from mlxcel.engine.speculative.session import PlainSteps, SpeculativeSession, speculative_generate
+from mlxcel.engine.speculative.session import PlainSteps, SpeculativeSession
 from mlxcel.engine.speculative.switches import diagnostics_enabled, probe_mode, stochastic_accept_enabled
 from mlxcel.server.cli.generate_output import TextOut, format_summary, max_new_tokens
 

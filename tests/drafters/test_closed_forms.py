@@ -20,10 +20,11 @@ import pytest
 import tiny_checkpoints
 
 from mlxcel.drafters.draft_model import DraftModelDrafter
+from mlxcel.engine.decode.speculative import speculative_generate
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.acceptance import SAMPLER_MATCH, STOCHASTIC
-from mlxcel.engine.speculative.session import SpeculativeSession, speculative_generate
+from mlxcel.engine.speculative.session import SpeculativeSession
 
 TOLERANCE_SIGMAS = 4.0
 POWER_SIGMAS = 8.0

@@ -31,11 +31,12 @@ import tiny_drafters
 from spec_fixtures import CHI2_CRITICAL, DIST_SAMPLES
 
 from mlxcel.drafters.loading import load_model_drafter
+from mlxcel.engine.decode.speculative import speculative_generate
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative import switches
 from mlxcel.engine.speculative.acceptance import ARGMAX_AGAINST_ARGMAX, STOCHASTIC
-from mlxcel.engine.speculative.session import SpeculativeCounters, SpeculativeSession, speculative_generate
+from mlxcel.engine.speculative.session import SpeculativeCounters, SpeculativeSession
 
 BINS = 6
 SEGMENT = 500  # tokens per generated sequence; several seeds make up the sample

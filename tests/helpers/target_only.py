@@ -4,9 +4,10 @@ and the speculative stream itself with its counters."""
 from __future__ import annotations
 
 from mlxcel.engine.decode.plain import generate_tokens
+from mlxcel.engine.decode.speculative import speculative_generate
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.engine.speculative.session import SpeculativeCounters, SpeculativeSession, speculative_generate
+from mlxcel.engine.speculative.session import SpeculativeCounters, SpeculativeSession
 
 
 def target_only_tokens(lm, prompt: list[int], params: SamplerParams, n: int) -> list[int]:

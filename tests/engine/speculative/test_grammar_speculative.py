@@ -26,6 +26,7 @@ from mlxcel.drafters.lookup.prompt_lookup import PromptLookupDrafter
 from mlxcel.engine.cache.kv_cache import cache_length
 from mlxcel.engine.cache.prefill import prefill
 from mlxcel.engine.decode.plain import generate_tokens
+from mlxcel.engine.decode.speculative import speculative_generate
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar import GBNF, compile_grammar
@@ -35,7 +36,7 @@ from mlxcel.engine.speculative import switches
 from mlxcel.engine.speculative.acceptance import GREEDY_ARGMAX, SAMPLER_MATCH, STOCHASTIC
 from mlxcel.engine.speculative.drafter import Drafter
 from mlxcel.engine.speculative.proposal import Proposal
-from mlxcel.engine.speculative.session import SpeculativeSession, speculative_generate
+from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.engine.speculative.verify import verify_round
 
 PROMPT = "the quick brown fox jumps over the lazy dog. the quick brown fox jumps over the lazy dog. the quick"
