@@ -23,6 +23,8 @@ def refuse_content_part(part: object) -> None:
     """Raise for a content part this server cannot take: media (upstream's "<kind> input is not
     supported") or an unknown type (upstream's "unsupported content[].type"). Text parts pass."""
     kind = part.get("type") if isinstance(part, dict) else None
+    if not isinstance(kind, str):
+        raise invalid("unsupported content[].type: a content part's type must be a string")
     if kind in MEDIA_PARTS:
         raise invalid(f"{MEDIA_PARTS[kind]} input is not supported - {HINT}")
     if kind != "text":

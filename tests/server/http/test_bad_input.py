@@ -471,8 +471,6 @@ CASES = corpus()
 KNOWN_500 = {
     "nested-tool-choice-function/v1/chat/completions":
         "tool_calls.check_tools reads tool_choice['function'] as an object without checking it",
-    "nested-content-part-type-list/v1/chat/completions":
-        "media.refuse_content_part looks an unhashable 'type' up in a dict",
 }
 
 
