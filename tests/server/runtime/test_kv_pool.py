@@ -44,7 +44,9 @@ def test_idle_cached_prompts_make_room_first(server):
     assert again.json()["timings"]["cache_n"] == 0  # slot 0's prompt was dropped to make room
 
 
-def test_running_requests_that_overflow_together_all_fail_and_the_server_goes_on(server):
+def overflow_attempt(server) -> tuple[httpx.Response, list[dict]]:
+    """A long stream in slot 0 and, once its first token is out, a second request in slot 1: the two
+    together need more than the pool. Returns the second's answer and the stream's events."""
     first_token = threading.Event()
     events: list[dict] = []
 
@@ -61,9 +63,24 @@ def test_running_requests_that_overflow_together_all_fail_and_the_server_goes_on
     assert first_token.wait(60)
     second = complete(server, prompt="b", n_predict=200, id_slot=1)  # with the first, past 256
     t.join(120)
-    assert second.status_code == 500
-    assert second.json()["error"] == {"code": 500, "message": "Context size has been exceeded.",
-                                      "type": "server_error"}
-    assert events[-1]["error"]["message"] == "Context size has been exceeded."
+    return second, events
+
+
+def test_running_requests_that_overflow_together_all_fail_and_the_server_goes_on(server):
+    # The two overlap only if the second is admitted before the first's 240 tokens are done; on a busy
+    # machine the first can finish first, and then both succeed, as they should. Such an attempt
+    # proves nothing and is run again; one that overlaps must fail both requests.
+    for _ in range(5):
+        second, events = overflow_attempt(server)
+        if second.status_code == 200 and "error" not in events[-1]:
+            assert events[-1]["stop"] and events[-1]["tokens_predicted"] == 240  # ran one after the other
+            continue
+        assert second.status_code == 500
+        assert second.json()["error"] == {"code": 500, "message": "Context size has been exceeded.",
+                                          "type": "server_error"}
+        assert events[-1]["error"]["message"] == "Context size has been exceeded."
+        break
+    else:
+        raise AssertionError("in five attempts the two requests never ran together")
     r = complete(server, prompt="after", n_predict=8)
     assert r.status_code == 200 and r.json()["tokens_predicted"] == 8
