@@ -93,9 +93,7 @@ def generate_tokens(
     (forwarded,) = own.forward([Row(0, prompt[-1:], logits=1)])
     y = Sampling(chain, history, seed, grammar).pick(forwarded.logits)
     mx.eval(y)
-    prompt_time = time.perf_counter() - start
-    prompt_tps = (len(prompt) - cached) / max(prompt_time, 1e-9)
-    decode_start = time.perf_counter()
+    clock = _Clock(len(prompt) - cached, start)
 
     generated: list[int] = []
     while True:
@@ -109,33 +107,33 @@ def generate_tokens(
         generated.append(token)
         if grammar is not None:
             grammar.advance([token])
-
-        if token in eos or (grammar is not None and grammar.stopped) or (stop_check is not None
-                                                                           and stop_check(generated)):
-            finish = "stop"
-        elif last:
-            finish = "length"
-        else:
-            finish = None
-        n = len(generated)
-        # The first token is the prefill's product; decode speed counts the ones after it.
-        elapsed = time.perf_counter() - decode_start
-        yield DecodeStep(
-            token=token,
-            position=len(history) - 1,
-            finish_reason=finish,
-            prompt_tokens=len(prompt) - cached,
-            prompt_tps=prompt_tps,
-            generation_tokens=n,
-            generation_tps=(n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0,
-            peak_memory_gb=mx.get_peak_memory() / 1e9,
-        )
+        stopped = token in eos or (grammar is not None and grammar.stopped) or (
+            stop_check is not None and stop_check(generated))
+        finish = "stop" if stopped else "length" if last else None
+        yield clock.step(token, len(history) - 1, finish, len(generated))
         if finish is not None:
             return
-        if n % CLEAR_CACHE_EVERY == 0:
+        if len(generated) % CLEAR_CACHE_EVERY == 0:
             mx.clear_cache()
         y = Sampling(chain, history, seed, grammar).pick(forwarded.logits)
         mx.async_eval(y)
+
+
+class _Clock:
+    """The running figures of a decode: prompt speed once, then decode speed over the tokens after
+    the first (the first is the prefill's product)."""
+
+    def __init__(self, prompt_tokens: int, start: float):
+        self.prompt_tokens = prompt_tokens
+        self.prompt_tps = prompt_tokens / max(time.perf_counter() - start, 1e-9)
+        self.decode_start = time.perf_counter()
+
+    def step(self, token: int, position: int, finish: str | None, n: int) -> DecodeStep:
+        elapsed = time.perf_counter() - self.decode_start
+        return DecodeStep(token=token, position=position, finish_reason=finish, prompt_tokens=self.prompt_tokens,
+                          prompt_tps=self.prompt_tps, generation_tokens=n,
+                          generation_tps=(n - 1) / elapsed if n > 1 and elapsed > 0 else 0.0,
+                          peak_memory_gb=mx.get_peak_memory() / 1e9)
 
 
 def _prefill_head(own: OwnCaches, cache: list[Any], head: Sequence[int], step: int) -> None:
