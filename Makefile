@@ -61,10 +61,13 @@ conformance: setup-test
 	$(RUN) $(PY) scripts/conformance/run.py --target $(CONFORMANCE_TARGET) $(if $(PYTEST_ARGS),-- $(PYTEST_ARGS))
 	$(PY) scripts/conformance/report.py || true
 
-# schemathesis over the server's OpenAPI document, long run (the default suite runs a short slice)
+# long runs of the fuzzers (the default suite runs a short slice of each): schemathesis over the
+# server's OpenAPI document, and hypothesis over the grammar and tool-call surfaces (grammars,
+# schemas and tools compiled in a worker process, so that a crash fails the example that caused it)
 FUZZ_EXAMPLES ?= 150
+GRAMMAR_FUZZ_TESTS := tests/server/http/test_grammar_fuzz.py
 fuzz: setup-test
-	MLXCEL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(TEST_RUN) $(PY) -m pytest -q -s tests/server/http/test_fuzz.py $(PYTEST_ARGS)
+	MLXCEL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(TEST_RUN) $(PY) -m pytest -q -s tests/server/http/test_fuzz.py $(GRAMMAR_FUZZ_TESTS) $(PYTEST_ARGS)
 
 bench: setup
 	$(RUN) $(PY) scripts/bench_generate.py $(ARGS)

@@ -18,6 +18,13 @@ Four sources, one compiled form (llguidance's grammar, which its matcher runs):
 :func:`compile_grammar` is the one entry point; it validates the grammar (no tokenizer needed) and
 raises :class:`GrammarError` with the engine's reason. ``grammar_matcher`` runs a compiled grammar
 over one sequence's tokens.
+
+A grammar comes from a request, so compiling it is bounded: ``grammar_limits`` refuses, before
+llguidance sees it, a text over 128 KiB, a ``$ref`` or rule chain over 2,048 links, terminals chained
+or inlined past their limits, nesting past 100 levels (see there for each limit and why);
+``grammar_gbnf`` converts GBNF in linear time; and the compile runs on ``grammar_stack``'s thread,
+whose large stack holds every chain the limits let through (llguidance recurses once per link, and a
+stack overflow would be a SIGSEGV that ends the server), under a deadline.
 """
 
 from __future__ import annotations
@@ -30,9 +37,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from llguidance import LLMatcher
-from llguidance.gbnf_to_lark import any_to_lark
 
-from mlxcel.engine.errors import MlxcelError
+from mlxcel.engine.sampling.grammar_error import GrammarError
+from mlxcel.engine.sampling.grammar_gbnf import gbnf_to_lark
+from mlxcel.engine.sampling.grammar_limits import check_schema, check_size, parser_limits
+from mlxcel.engine.sampling.grammar_rules import check_lark
+from mlxcel.engine.sampling.grammar_stack import on_big_stack
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +55,6 @@ KINDS = (GBNF, LARK, JSON_SCHEMA, REGEX)
 # llama-server's JSON whitespace (its converter's `space` rule): nothing, one space, or one or two
 # newlines followed by at most 20 spaces or tabs.
 JSON_WHITESPACE = r"(?: |\n{1,2}[ \t]{0,20})?"
-
-
-class GrammarError(MlxcelError):
-    """A grammar or schema that cannot be compiled, or a matcher that can go no further."""
 
 
 @dataclass(frozen=True)
@@ -65,34 +71,57 @@ class Grammar:
 def compile_grammar(kind: str, source: Any, *, strict: bool = False) -> Grammar:
     """Compile and validate ``source`` as a grammar of ``kind`` (``gbnf``, ``lark``,
     ``json_schema``: a schema object or its JSON text, ``regex``). ``strict`` only concerns JSON
-    schemas: keywords the engine cannot enforce are then an error instead of being ignored."""
+    schemas: keywords the engine cannot enforce are then an error instead of being ignored. Within
+    ``grammar_limits`` (size, rule and ``$ref`` chains, nesting) or a :class:`GrammarError` that says
+    which; compiled on ``grammar_stack``'s big stack, so no input can overflow the thread's stack."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown grammar kind {kind!r}; one of {', '.join(KINDS)}")
+    return on_big_stack(lambda: _compile(kind, source, strict))
+
+
+def _compile(kind: str, source: Any, strict: bool) -> Grammar:
     if kind == JSON_SCHEMA:
-        try:
-            schema = json.loads(source) if isinstance(source, str) else source
-        except ValueError as exc:
-            raise GrammarError(f"the schema is not JSON: {exc}") from None
+        schema = _schema_value(source)
+        check_schema(schema)
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False)
+        check_size(text, "the JSON schema")
         compiled = _schema_grammar(schema, strict)
     elif kind in (GBNF, LARK):
         if not isinstance(source, str):
             raise GrammarError(f"a {kind} grammar must be a string")
         text = source
-        try:
-            lark = any_to_lark(source) if kind == GBNF else source
-        except Exception as exc:  # the converter raises plain exceptions with a position
-            raise GrammarError(str(exc)) from None
+        check_size(text, f"the {kind} grammar")
+        lark = gbnf_to_lark(source) if kind == GBNF else source
+        check_lark(lark)
         compiled = LLMatcher.grammar_from_lark(lark)
-    elif kind == REGEX:
-        text = str(source)
-        compiled = LLMatcher.grammar_from_regex(text)
     else:
-        raise ValueError(f"unknown grammar kind {kind!r}; one of {', '.join(KINDS)}")
-    failed, messages = LLMatcher.validate_grammar_with_warnings(compiled)
-    if failed:
-        raise GrammarError("; ".join(messages) or "invalid grammar")
-    for message in messages:
+        text = str(source)
+        check_size(text, "the regex")
+        compiled = LLMatcher.grammar_from_regex(text)
+    for message in _validate(compiled):
         log.info("grammar (%s): %s", kind, message)
     return Grammar(kind, text, compiled, strict)
+
+
+def _schema_value(source: Any) -> Any:
+    if not isinstance(source, str):
+        return source
+    check_size(source, "the JSON schema")
+    try:
+        return json.loads(source)
+    except ValueError as exc:
+        raise GrammarError(f"the schema is not JSON: {exc}") from None
+    except RecursionError:
+        raise GrammarError("the schema nests too deeply to be read") from None
+
+
+def _validate(compiled: str) -> list[str]:
+    """llguidance's verdict on a compiled grammar, within ``grammar_limits.parser_limits``: its
+    warnings, or a :class:`GrammarError` with its reason."""
+    failed, messages = LLMatcher.validate_grammar_with_warnings(compiled, limits=parser_limits())
+    if failed:
+        raise GrammarError("; ".join(m for m in messages if "no tokenizer" not in m) or "invalid grammar")
+    return messages
 
 
 def _schema_grammar(schema: Any, strict: bool) -> str:
@@ -167,9 +196,7 @@ def after_thinking(grammar: Grammar, start: str, end: str, *, opened: bool,
     block = f"{thoughts} GAP" if opened else f"({lark_text(start, special_ids)} {thoughts} GAP)?"
     outer = "\n".join([f"start: {block} @{inner[0]['name']}", "GAP: /[ \\r\\n]{0,4}/", *rules]) + "\n"
     compiled = json.dumps({"grammars": [{"name": "after_thinking", "lark_grammar": outer}, *inner]})
-    failed, messages = LLMatcher.validate_grammar_with_warnings(compiled)
-    if failed:
-        raise GrammarError("; ".join(m for m in messages if "no tokenizer" not in m) or "invalid grammar")
+    on_big_stack(lambda: _validate(compiled))
     return Grammar(grammar.kind, grammar.source, compiled, grammar.strict)
 
 

@@ -17,6 +17,10 @@ decode step: every constrained row at once, while the forward runs), with the GI
 over llguidance's thread pool where the host has cores to spare (a GPU forward), one after another
 on the calling thread where the forward keeps every core busy (a CPU; ``device.grammar_mask_threads``).
 
+A matcher compiles its grammar again, against the vocabulary: on ``grammar_stack``'s big stack,
+within ``grammar_limits``' parser limits, as the grammar's first compile was (the engine thread's own
+stack could not hold every grammar those limits let through).
+
 The grammar tokenizer is built once per model tokenizer (``llguidance.hf.from_tokenizer`` over the
 ``tokenizers``-library fast tokenizer that mlx-lm's wrapper holds; about 0.3 s for a 49k vocabulary)
 and shared by every matcher.
@@ -35,6 +39,8 @@ import numpy as np
 
 from mlxcel.engine.platform.device import grammar_mask_threads
 from mlxcel.engine.sampling.grammar import Grammar, GrammarError
+from mlxcel.engine.sampling.grammar_limits import parser_limits
+from mlxcel.engine.sampling.grammar_stack import on_big_stack
 
 _TOKENIZERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
@@ -78,7 +84,10 @@ class GrammarMatcher:
         self.grammar = grammar
         self.vocab_size = int(tokenizer.vocab_size)
         self.width = (self.vocab_size + 31) // 32  # int32 words per mask row
-        self._m = llguidance.LLMatcher(tokenizer, grammar.compiled, log_level=0)
+        # compiled again, against the vocabulary: on the big stack too (grammar_stack)
+        self._m = on_big_stack(lambda: llguidance.LLMatcher(tokenizer, grammar.compiled, log_level=0,
+                                                             limits=parser_limits()),
+                               what="building the grammar's matcher")
         self._check()
         self.consumed = 0  # tokens advanced over
 

@@ -18,6 +18,10 @@ How upstream chooses, and so how this module does:
 :func:`constrain` is the one call for a caller that builds its own grammar (a forced tool call):
 it sets a request's grammar from Lark, GBNF or a JSON schema, with the same errors.
 
+A grammar or schema past the engine's compile limits (``engine.sampling.grammar_limits``: size,
+``$ref`` and rule chains, nesting) is the same 400, its message naming the limit; nothing a request
+sends can overflow the compiler's stack or hold a core for long.
+
 A chat request whose reasoning is split from its content (``reasoning_format`` not ``none``, and
 thinking tags known) runs its grammar after the thinking (:func:`after_reasoning`): the thoughts
 stay free text and the constraint holds for the answer, as upstream applies a response format to

@@ -308,29 +308,49 @@ TOOL_CHOICES = ("auto", "none", "required")
 def check_tools(tools: Any, tool_choice: Any) -> tuple[list | None, str | dict]:
     """``tools`` and ``tool_choice`` as upstream accepts them (plus a named function): the tools
     (None when there are none) and the choice (a string, or the named function's name as
-    ``{"name": ...}``)."""
-    if tools is not None:
-        for i, tool in enumerate(tools):
-            fn = tool.get("function") if isinstance(tool, dict) else None
-            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                raise invalid(f"Field 'tools': tool {i} must be an object with 'function': {{'name': ...}}")
-            if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
-                raise invalid(f"Field 'tools': the parameters of tool {i} must be a JSON schema object")
+    ``{"name": ...}``). Every shape is checked here, once, for the chat route and for the Responses
+    and Anthropic routes that translate into it: anything else is a 400 that says what is wrong."""
+    tools = _checked_tools(tools)
     if tool_choice is None:
-        choice: str | dict = "auto"
-    elif isinstance(tool_choice, str):
+        return tools, "auto"
+    if isinstance(tool_choice, str):
         if tool_choice not in TOOL_CHOICES:
-            raise invalid(f"Invalid tool_choice: {tool_choice}")
-        choice = tool_choice
-    elif isinstance(tool_choice, dict) and isinstance((tool_choice.get("function") or {}).get("name"), str):
-        name = tool_choice["function"]["name"]
-        if not any((t.get("function") or {}).get("name") == name for t in tools or []):
-            raise invalid(f"Invalid tool_choice: no tool named {name!r} in 'tools'")
-        choice = {"name": name}
-    else:
-        raise invalid("Invalid tool_choice: expected \"auto\", \"none\", \"required\" or "
-                      "{\"type\": \"function\", \"function\": {\"name\": ...}}")
-    return (tools or None), choice
+            raise invalid(f"Invalid tool_choice: {tool_choice}")  # upstream's words
+        return tools, tool_choice
+    return tools, {"name": _named_choice(tool_choice, tools)}
+
+
+def _checked_tools(tools: Any) -> list | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise invalid("Field 'tools': must be an array of {\"type\": \"function\", \"function\": {...}} objects")
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+            raise invalid(f"Field 'tools': tool {i} must be an object with 'function': {{'name': ...}}")
+        if tool.get("type", "function") != "function":
+            raise invalid(f"Field 'tools': tool {i} has the unsupported type {str(tool['type'])[:64]!r} "
+                          "(only function tools are)")
+        if fn.get("parameters") is not None and not isinstance(fn["parameters"], dict):
+            raise invalid(f"Field 'tools': the parameters of tool {i} must be a JSON schema object")
+    return tools or None
+
+
+def _named_choice(choice: Any, tools: list | None) -> str:
+    """The name a ``{"type": "function", "function": {"name": ...}}`` choice names, a tool of ``tools``."""
+    expected = 'expected "auto", "none", "required" or {"type": "function", "function": {"name": ...}}'
+    if not isinstance(choice, dict):
+        raise invalid(f"Invalid tool_choice: {expected}")
+    if choice.get("type", "function") != "function":
+        raise invalid(f"Invalid tool_choice: the type {str(choice['type'])[:64]!r} is not supported; {expected}")
+    fn = choice.get("function")
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise invalid(f"Invalid tool_choice: 'function' must be an object with a 'name' string; {expected}")
+    name = fn["name"]
+    if not any(t["function"]["name"] == name for t in tools or []):
+        raise invalid(f"Invalid tool_choice: no tool named {name[:64]!r} in 'tools'")
+    return name
 
 
 def history_messages(messages: list[dict], object_arguments: bool) -> list[dict]:
@@ -382,7 +402,14 @@ def call_grammar(layout: CallLayout, tools: list, tool_choice: str | dict = "req
     row) one or more calls joined by the layout's ``between``. ``tool_choice`` a named function
     (``{"name": ...}``) allows only that tool. None when the template's layout cannot be written
     as a grammar (its arguments are not JSON). ``special_ids``: the vocabulary's special tokens
-    (``grammar.special_token_ids``), which the layout's markers may be."""
+    (``grammar.special_token_ids``), which the layout's markers may be.
+
+    After every complete call the output may end (end-of-sequence is allowed), after at most a few
+    blank characters: a model that writes the newline its template puts between two calls and then
+    means to stop must be able to (as upstream's grammar allows space after a call), or it is held
+    to writing call after call until its token budget runs out. Where ``between`` is the tail, blank
+    characters and the head again (Hermes / Qwen ``<tool_call>`` blocks), the calls are complete
+    blocks with that gap between them, so the newline never commits to a next call."""
     special_ids = special_ids or {}
     if layout is None:
         return None
@@ -399,14 +426,30 @@ def call_grammar(layout: CallLayout, tools: list, tool_choice: str | dict = "req
         arguments = "%json" + json.dumps(schema, separators=(",", ":"))
         rules.append(_join(f"call_{i}:", lark_text(fn["name"], {}), *_pieces(layout.mid, special_ids), arguments))
         alternatives.append(f"call_{i}")
-    repeat = ""
-    if parallel and layout.between is not None:
-        repeat = "(" + _join(*_pieces(layout.between, special_ids), "call") + ")*"
-    lines = [_join("start:", *_pieces(layout.head, special_ids), "call", repeat, *_pieces(layout.tail, special_ids)),
-             "call: " + " | ".join(alternatives), *rules]
+    head, tail = _pieces(layout.head, special_ids), _pieces(layout.tail, special_ids)
+    gap = _blank_between_blocks(layout) if parallel else None
+    if gap is not None:  # complete calls, blank characters between them
+        lines = [_join("start:", *head, "call", *tail, "(" + _join("GAP", *head, "call", *tail) + ")*", "GAP")]
+    else:
+        repeat = ""
+        if parallel and layout.between is not None:
+            repeat = "(" + _join(*_pieces(layout.between, special_ids), "call") + ")*"
+        lines = [_join("start:", *head, "call", repeat, *tail, "GAP")]
+    lines += ["call: " + " | ".join(alternatives), *rules, f"GAP: /[ \\t\\r\\n]{{0,{max(4, len(gap or ''))}}}/"]
     if any(ID in piece for piece in (layout.head, layout.mid, layout.tail, layout.between or "")):
         lines.append('CALL_ID: /[A-Za-z0-9]{9}/')
     return "\n".join(lines) + "\n"
+
+
+def _blank_between_blocks(layout: CallLayout) -> str | None:
+    """The blank characters between two calls when the layout's ``between`` is its tail, those
+    characters and its head again (None otherwise, or when the head itself opens with blank
+    characters, which a gap before it could not tell apart)."""
+    between, head, tail = layout.between, layout.head, layout.tail
+    if between is None or not head or head[0].isspace() or not between.startswith(tail) or not between.endswith(head):
+        return None
+    gap = between[len(tail):len(between) - len(head)]
+    return gap if len(between) >= len(tail) + len(head) and not gap.strip() else None
 
 
 def _join(*items: str) -> str:

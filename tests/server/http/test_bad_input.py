@@ -469,8 +469,6 @@ CASES = corpus()
 # 500s this corpus finds in modules outside the request validation, left to their owners: strict, so
 # that the fix shows (an XPASS fails) and the mark is taken off
 KNOWN_500 = {
-    "nested-tool-choice-function/v1/chat/completions":
-        "tool_calls.check_tools reads tool_choice['function'] as an object without checking it",
 }
 
 

@@ -126,6 +126,73 @@ def test_constrained_rows_decoded_together_each_follow_their_own_grammar(server)
             assert json.loads(answer["content"])["k"] in ("cat", "dog")
 
 
+def ref_chain(links: int) -> dict:
+    """A schema whose ``$ref`` chain is ``links`` long: an object whose optional ``next`` is the next
+    link (the reported shape, ~70 bytes a link), the last a string."""
+    defs = {f"n{i}": {"type": "object", "properties": {"next": {"$ref": f"#/$defs/n{i + 1}"}}} for i in range(links)}
+    return {"$ref": "#/$defs/n0", "$defs": {**defs, f"n{links}": {"type": "string"}}}
+
+
+def follows_the_chain(value) -> bool:
+    while isinstance(value, dict):
+        if set(value) - {"next"}:
+            return False
+        value = value.get("next", "")
+    return isinstance(value, str)
+
+
+@pytest.mark.parametrize("route", ["chat response_format", "completion json_schema", "responses text.format",
+                                   "anthropic output_format"])
+def test_a_1000_link_ref_chain_compiles_and_the_server_keeps_serving(server, route):
+    """The schema used to overflow llguidance's stack (SIGSEGV: the server died). It compiles on the
+    grammar's big stack, as llama-server compiles it: a 200 whose output follows it."""
+    schema = ref_chain(1000)
+    assert len(json.dumps(schema)) > 60_000
+    path, body = {
+        "chat response_format": ("/v1/chat/completions", {"messages": CHAT, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "chain", "schema": schema}}}),
+        "completion json_schema": ("/completion", {"prompt": "the quick", "json_schema": schema}),
+        "responses text.format": ("/v1/responses", {"input": "the quick", "text": {"format": {
+            "type": "json_schema", "name": "chain", "schema": schema}}}),
+        "anthropic output_format": ("/v1/messages", {"messages": CHAT, "output_format": {"type": "json_schema",
+                                                                                        "schema": schema}}),
+    }[route]
+    r = post(server, path, {**body, "max_tokens": 40, "n_predict": 40, "seed": 1})
+    assert r.status_code == 200, r.text
+    text = json.dumps(r.json())
+    assert '{' in text
+    if path == "/completion":
+        assert r.json()["content"].startswith("{")
+        if r.json()["stop_type"] == "eos":
+            assert follows_the_chain(json.loads(r.json()["content"]))
+    after = post(server, "/completion", {"prompt": "the quick", "n_predict": 20, "grammar": SENTENCE, "seed": 4})
+    assert after.status_code == 200 and SENTENCE_RE.fullmatch(after.json()["content"])
+
+
+def rule_chain(kind: str, rules: int) -> str:
+    if kind == "gbnf":
+        return "root ::= a0\n" + "".join(f"a{i} ::= a{i + 1}\n" for i in range(rules)) + f'a{rules} ::= "x"\n'
+    return "start: a0\n" + "".join(f"a{i}: a{i + 1}\n" for i in range(rules)) + f'a{rules}: "x"\n'
+
+
+OVER_LIMITS = [  # (what, body, what the 400 says): past a limit, refused at once, the server serving on
+    ("a 4,000-rule GBNF chain", {"grammar": rule_chain("gbnf", 4000)}, "chain of 4002 rules"),
+    ("a 5,000-rule Lark chain", {"grammar": rule_chain("lark", 5000)}, "chain of 5002 rules"),
+    ("a 1 MB GBNF alternation", {"grammar": "root ::= " + " | ".join(f'"a{i}"' for i in range(100_000))},
+     "at most 131072 are accepted"),
+    ("a 5,000-link $ref chain", {"json_schema": ref_chain(5000)}, "$ref chain is 5001 links long"),
+]
+
+
+@pytest.mark.parametrize("what,body,message", OVER_LIMITS, ids=[c[0] for c in OVER_LIMITS])
+def test_a_grammar_past_the_limits_is_a_clear_400(server, what, body, message):
+    r = post(server, "/completion", {"prompt": "hi", "n_predict": 4, **body})
+    assert r.status_code == 400, r.text[:300]
+    error = r.json()["error"]
+    assert error["type"] == "invalid_request_error" and message in error["message"], error["message"][:300]
+    assert post(server, "/completion", {"prompt": "hi", "n_predict": 4}).status_code == 200
+
+
 BAD = [
     ("/completion", {"prompt": "hi", "grammar": "root ::= this is (not valid"},
      "Failed to initialize samplers: failed to parse grammar: "),

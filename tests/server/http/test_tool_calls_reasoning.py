@@ -27,13 +27,14 @@ THINK_OPEN = """{%- for message in messages %}<|im_start|>{{ message.role }}
 {% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
 {% if enable_thinking %}[THINK]{% endif %}{% endif %}"""
 
-CALL = ["<tool_call>", '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n', "</tool_call>", "<|im_end|>"]
+# after its call the model writes a blank line, then ends its turn (or, that line banned, calls again)
+CALL = ["<tool_call>", '\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n', "</tool_call>", "\n\n", "<|im_end|>"]
 THOUGHTS = [" one", " two", " three", " four", " five", " six"]
 THINK = ["<think>", *THOUGHTS, "</think>", "\n\nIt is sunny in Paris.", "<|im_end|>"]
 ANSWER = ["Plain", " answer.", "<|im_end|>"]
 OPEN_THINK = ["[THINK]", "Let me see.", "[/THINK]", "Answer B.", "<|im_end|>"]
 # after the generation prompt ("...assistant\n"): a call, else (banned) thinking, else an answer
-BRANCHES = {"\n": [("<tool_call>", 1.0), ("<think>", 0.8), ("Plain", 0.6)]}
+BRANCHES = {"\n": [("<tool_call>", 1.0), ("<think>", 0.8), ("Plain", 0.6)], "</tool_call>": [("<tool_call>", 0.5)]}
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
@@ -161,6 +162,55 @@ def test_tool_choice_none_reads_no_call_and_required_forces_one(qwen_style):
     bad = httpx.post(qwen_style.url + "/v1/chat/completions",
                      json={"messages": USER, "tools": [WEATHER], "tool_choice": "sometimes"})
     assert bad.status_code == 400 and "Invalid tool_choice" in bad.json()["error"]["message"]
+
+
+def test_required_with_parallel_calls_ends_after_a_complete_call(qwen_style):
+    """Parallel calls allowed (this template can render them, so they are by default): the model
+    writes a blank line after its call and ends its turn, which the forcing grammar allows after
+    every complete call (it used to hold the model to call after call, until ``max_tokens``). The
+    arguments are the grammar's to choose: one city, compact JSON."""
+    cities = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
+              "additionalProperties": False, "x-guidance": {"whitespace_flexible": False}}
+    tool = {"type": "function", "function": {**WEATHER["function"], "parameters": cities}}
+    kw = {"model": "m", "messages": USER, "tools": [tool], "tool_choice": "required", "max_tokens": 60}
+    choice = client(qwen_style).chat.completions.create(**kw).choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    assert not choice.message.content
+    message, _, finish = stream_message(qwen_style, **kw)
+    assert finish == "tool_calls" and len(message["calls"]) == 1 and not message["content"]
+
+
+BAD_TOOLS = [  # (route, body, what the 400 says): every shape of tools / tool_choice, on each route that has them
+    ("/v1/chat/completions", {"tool_choice": {"type": "function", "function": "get_weather"}},
+     "'function' must be an object with a 'name' string"),
+    ("/v1/chat/completions", {"tool_choice": {"type": "function", "function": {"name": 5}}}, "'name' string"),
+    ("/v1/chat/completions", {"tool_choice": {"type": "custom", "custom": {"name": "get_weather"}}},
+     "the type 'custom' is not supported"),
+    ("/v1/chat/completions", {"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "no tool named 'nope'"),
+    ("/v1/chat/completions", {"tool_choice": ["auto"]}, "Invalid tool_choice: expected"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": "get_weather"}]}, "tool 0 must be an object"),
+    ("/v1/chat/completions", {"tools": [{"type": "retrieval", "function": {"name": "x"}}]}, "unsupported type 'retrieval'"),
+    ("/v1/chat/completions", {"tools": [{"type": "function", "function": {"name": "x", "parameters": "y"}}]},
+     "must be a JSON schema object"),
+    ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f"}], "tool_choice": "sometimes"},
+     "Invalid tool_choice: sometimes"),
+    ("/v1/responses", {"input": "hi", "tools": [{"type": "function", "name": "f"}],
+                       "tool_choice": {"type": "function", "name": "g"}}, "no tool named 'g'"),
+    ("/v1/messages", {"max_tokens": 4, "tools": [{"name": "f"}], "tool_choice": {"type": "tool", "name": "g"}},
+     "no tool named 'g'"),
+]
+
+
+@pytest.mark.parametrize("path,body,message", BAD_TOOLS, ids=[str(i) for i in range(len(BAD_TOOLS))])
+def test_every_bad_tools_shape_is_a_clear_400(qwen_style, path, body, message):
+    if path != "/v1/responses":
+        body = {"messages": USER, "tools": [WEATHER], "max_tokens": 4, **body}
+    r = httpx.post(qwen_style.url + path, json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error" and message in r.json()["error"]["message"]
+    assert httpx.get(qwen_style.url + "/health", timeout=10).status_code == 200
 
 
 def test_think_tags_written_by_the_model_split_final_and_streamed(qwen_style):
