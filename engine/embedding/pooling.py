@@ -1,13 +1,16 @@
 """A sequence's embedding from the model's final hidden states, pooled and normalised as llama.cpp
 does it.
 
-The hidden states are what the LM head reads: the output of the final norm, one row per token
-(llama.cpp's ``result_norm``), recorded by ``speculative.target_features`` from the model's own
-forward. The sequence runs through a fresh cache in chunks, so an input as long as the context
-fits. Poolings: ``none`` (every row), ``mean``, ``cls`` (the first row), ``last``, and ``rank``
-(the last row through the model's rank head, ``rank_head``; without one, the last row, as llama.cpp). Normalisations (``--embd-normalize`` /
-``embd_normalize``): -1 none, 0 max-absolute scaled to the int16 range, 1 taxicab, 2 euclidean,
-p > 2 the p-norm.
+For a decoder the hidden states are what the LM head reads: the output of the final norm, one row
+per token (llama.cpp's ``result_norm``), recorded by ``speculative.target_features`` from the
+model's own forward; the sequence runs through a fresh cache in chunks, so an input as long as the
+context fits. For a BERT-family encoder (``engine.model.encoder``) they are its last layer's
+output (``result_embd``), the whole input in one bidirectional forward. Poolings: ``none`` (every
+row), ``mean``, ``cls`` (the first row), ``last``, and ``rank``: the summary row through the
+model's rank head (``rank_head``; without one, the row itself, as llama.cpp), the summary row being
+the last for a causal model and the first (``[CLS]``) for an encoder, as llama.cpp picks it.
+Normalisations (``--embd-normalize`` / ``embd_normalize``): -1 none, 0 max-absolute scaled to the
+int16 range, 1 taxicab, 2 euclidean, p > 2 the p-norm.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxcel.engine.embedding.rank_head import RankHead
+from mlxcel.engine.model.encoder.network import Encoder
 from mlxcel.engine.speculative.target_features import forward_with_features
 
 POOLINGS = ("none", "mean", "cls", "last", "rank")
@@ -28,7 +32,10 @@ GGUF_POOLING = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}
 
 
 def hidden_states(model: Any, tokens: Sequence[int], step: int = 512) -> mx.array:
-    """``[T, H]``: the final-norm output for every token, in chunks of ``step`` over a fresh cache."""
+    """``[T, H]``: the final-norm output for every token, in chunks of ``step`` over a fresh cache
+    (an encoder's last-layer output, in one forward: it has no cache to carry chunks over)."""
+    if isinstance(model, Encoder):
+        return model.hidden_states(tokens)
     cache = make_prompt_cache(model)
     rows = []
     for start in range(0, len(tokens), max(1, step)):
@@ -38,8 +45,13 @@ def hidden_states(model: Any, tokens: Sequence[int], step: int = 512) -> mx.arra
     return mx.concatenate(rows, axis=0) if len(rows) > 1 else rows[0]
 
 
-def pooled(hidden: mx.array, pooling: str, head: RankHead | None = None) -> np.ndarray:
-    """``[H]`` (``[T, H]`` for ``none``; the head's outputs for ``rank``) as float32."""
+def summary_row(model: Any) -> int:
+    """The row rank pooling reads: the last for a causal model, the first for a bidirectional one."""
+    return 0 if isinstance(model, Encoder) else -1
+
+
+def pooled(hidden: mx.array, pooling: str, head: RankHead | None = None, row: int = -1) -> np.ndarray:
+    """``[H]`` (``[T, H]`` for ``none``; the head's outputs for ``rank``, read from ``row``) as float32."""
     if pooling == "none":
         out = hidden
     elif pooling == "mean":
@@ -49,8 +61,8 @@ def pooled(hidden: mx.array, pooling: str, head: RankHead | None = None) -> np.n
     elif pooling == "last":
         out = hidden[-1]
     elif pooling == "rank":
-        # no head: the last row itself, as llama.cpp's rank pooling leaves it (its score is row[0])
-        out = hidden[-1] if head is None else head.outputs(hidden)
+        # no head: the summary row itself, as llama.cpp's rank pooling leaves it (its score is row[0])
+        out = hidden[row] if head is None else head.outputs(hidden, row)
     else:
         raise ValueError(f"unknown pooling {pooling!r} (one of {', '.join(POOLINGS)})")
     return np.array(out.astype(mx.float32))
@@ -77,5 +89,5 @@ def embed(model: Any, tokens: Sequence[int], pooling: str, *, normalization: int
     ``none`` (upstream normalises only pooled embeddings)."""
     if not tokens:
         raise ValueError("an embedding needs at least one token")
-    out = pooled(hidden_states(model, list(tokens), step), pooling, head)
+    out = pooled(hidden_states(model, list(tokens), step), pooling, head, summary_row(model))
     return out if pooling == "none" else normalize(out, normalization)

@@ -3,15 +3,18 @@
 Two sources, the ones llama-server users meet:
 
 * a GGUF file's ``cls.*`` tensors, as llama.cpp's converters write them: an optional dense layer
-  ``cls.weight`` / ``cls.bias`` followed by tanh (the BERT/RoBERTa classification head), then the
-  output projection ``cls.output.weight`` / ``cls.output.bias``; a Qwen3 reranker's output rows
-  are the LM head's "yes" and "no" rows, and its two outputs go through a softmax;
+  ``cls.weight`` / ``cls.bias`` followed by tanh (the RoBERTa / XLM-RoBERTa classification head:
+  bge-reranker), then an optional output projection ``cls.output.weight`` / ``cls.output.bias``
+  (BERT's sequence-classification layer alone is stored as that projection). A file with the dense
+  layer only (jina-reranker-v1) is scored as llama.cpp scores it, through the tanh. A Qwen3
+  reranker's output rows are the LM head's "yes" and "no" rows, and its two outputs go through a
+  softmax;
 * a Qwen3-Reranker checkpoint directory (a causal LM its model card or name calls a reranker):
   the same two rows, taken from its LM head (or tied embedding).
 
-The score is the first output (for a Qwen3 reranker, the probability of "yes"). Decoder models
-read the last token's row (llama.cpp's rank pooling with causal attention). Encoder-only
-checkpoints are not loaded by mlxcel at all (see ``docs/llama-server-compat.md``).
+The score is the first output (for a Qwen3 reranker, the probability of "yes"). The head reads
+one row of the hidden states: the last token's for a decoder, the first (``[CLS]``) for a
+bidirectional encoder, as llama.cpp's rank pooling picks it (``pooling.summary_row``).
 """
 
 from __future__ import annotations
@@ -33,28 +36,30 @@ QWEN3_RERANK_TEMPLATE = (
 
 @dataclass
 class RankHead:
-    output: mx.array  # [n_out, H]
+    output: mx.array | None  # [n_out, H]; None: the dense layer's tanh outputs are the scores
     output_bias: mx.array | None = None
-    dense: mx.array | None = None  # [H, H] before the output, with tanh
+    dense: mx.array | None = None  # [n, H] before the output, with tanh
     dense_bias: mx.array | None = None
     softmax: bool = False
     source: str = ""
 
-    def outputs(self, hidden: mx.array) -> mx.array:
-        """The head's outputs ``[n_out]`` for a sequence's hidden states ``[T, H]`` (its last row)."""
-        x = hidden[-1].astype(mx.float32)
+    def outputs(self, hidden: mx.array, row: int = -1) -> mx.array:
+        """The head's outputs ``[n_out]`` for a sequence's hidden states ``[T, H]``, read from
+        ``row`` (the last for a decoder, the first for an encoder)."""
+        x = hidden[row].astype(mx.float32)
         if self.dense is not None:
             x = self.dense.astype(mx.float32) @ x
             if self.dense_bias is not None:
                 x = x + self.dense_bias
             x = mx.tanh(x)
-        out = self.output.astype(mx.float32) @ x
-        if self.output_bias is not None:
-            out = out + self.output_bias
-        return mx.softmax(out, axis=-1) if self.softmax else out
+        if self.output is not None:
+            x = self.output.astype(mx.float32) @ x
+            if self.output_bias is not None:
+                x = x + self.output_bias
+        return mx.softmax(x, axis=-1) if self.softmax else x
 
-    def score(self, hidden: mx.array) -> float:
-        return float(self.outputs(hidden)[0].item())
+    def score(self, hidden: mx.array, row: int = -1) -> float:
+        return float(self.outputs(hidden, row)[0].item())
 
 
 def gguf_rank_head(tensors: dict[str, mx.array], architecture: str) -> RankHead | None:
@@ -64,8 +69,8 @@ def gguf_rank_head(tensors: dict[str, mx.array], architecture: str) -> RankHead 
     dense = tensors.get("cls.weight")
     if output is None and dense is None:
         return None
-    if output is None:  # a single projection stored as cls.weight (jina-reranker-v1 style)
-        return RankHead(dense, tensors.get("cls.bias"), source="GGUF cls tensors")
+    if output is None:  # only the dense layer (jina-reranker-v1): llama.cpp scores its tanh output
+        return RankHead(None, dense=dense, dense_bias=tensors.get("cls.bias"), source="GGUF cls tensors")
     return RankHead(output, tensors.get("cls.output.bias"), dense, tensors.get("cls.bias"),
                     softmax=architecture in ("qwen3", "qwen3vl"), source="GGUF cls tensors")
 

@@ -4,12 +4,13 @@ transformers can read a GGUF tokenizer too, but its GGUF path imports torch; thi
 only ``tokenizers`` and wraps the result as ``PreTrainedTokenizerFast`` (for chat templates) and
 then mlx-lm's ``TokenizerWrapper`` (for the streaming detokenizer and eos set).
 
-Two vocabulary kinds are handled:
+Three vocabulary kinds are handled:
 
 - ``gpt2``: byte-level BPE from ``tokenizer.ggml.tokens`` + ``merges``; the split before BPE
   is chosen by ``tokenizer.ggml.pre`` (llama.cpp's name for the original tokenizer's regex);
 - ``llama``: SentencePiece-style BPE with byte fallback; merges are derived from the token
-  scores when the file has none (as Hugging Face's own SentencePiece converter does).
+  scores when the file has none (as Hugging Face's own SentencePiece converter does);
+- ``bert``: WordPiece (BERT-family embedders), the converter's "phantom space" spelling undone.
 """
 
 from __future__ import annotations
@@ -18,12 +19,17 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer, TokenizerWrapper
+from mlx_lm.tokenizer_utils import (
+    BPEStreamingDetokenizer,
+    NaiveStreamingDetokenizer,
+    SPMStreamingDetokenizer,
+    TokenizerWrapper,
+)
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from mlxcel.engine.errors import ModelLoadError
-from mlxcel.engine.gguf.special_tokens import NORMAL, TokenRoles, token_roles
+from mlxcel.engine.gguf.special_tokens import CONTROL, NORMAL, TokenRoles, token_roles
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +123,7 @@ class SpecialIds:
     add_bos: bool
     add_eos: bool
     eog: frozenset[int] = frozenset()  # every token that ends generation, as llama.cpp decides
+    sep: int | None = None  # the separator (a WordPiece vocabulary closes every text with it)
 
 
 def special_ids(metadata: dict[str, Any], n_tokens: int, roles: TokenRoles | None = None) -> SpecialIds:
@@ -130,16 +137,19 @@ def special_ids(metadata: dict[str, Any], n_tokens: int, roles: TokenRoles | Non
         return int(value) if value is not None and 0 <= int(value) < n_tokens else None
 
     kind = metadata.get("tokenizer.ggml.model")
-    bos = tid("bos")
+    bos, unk, sep = tid("bos"), tid("unknown"), tid("seperator")  # (llama.cpp's spelling of the key)
+    if kind == "bert":  # llama.cpp's WordPiece defaults for ids a file leaves out
+        bos, unk, sep = (i if i is not None else (d if d < n_tokens else None)
+                         for i, d in ((bos, 101), (unk, 100), (sep, 102)))
     add_bos = metadata.get("tokenizer.ggml.add_bos_token")
-    if add_bos is None:  # llama.cpp's defaults: SentencePiece adds BOS; byte-level BPE as its pre-tokenizer says
+    if add_bos is None:  # llama.cpp's defaults: SentencePiece and WordPiece add BOS; byte-level BPE as its pre-tokenizer says
         pre = PRE_TOKENIZERS.get(str(metadata.get("tokenizer.ggml.pre") or "default"))
-        add_bos = kind == "llama" or (kind == "gpt2" and pre is not None and pre.add_bos)
+        add_bos = kind in ("llama", "bert") or (kind == "gpt2" and pre is not None and pre.add_bos)
     return SpecialIds(
-        bos=bos, eos=tid("eos"), eot=tid("eot"), eom=tid("eom"), unk=tid("unknown"), pad=tid("padding"),
+        bos=bos, eos=tid("eos"), eot=tid("eot"), eom=tid("eom"), unk=unk, pad=tid("padding"),
         add_bos=bool(add_bos) and bos is not None,
         add_eos=bool(metadata.get("tokenizer.ggml.add_eos_token", False)) and tid("eos") is not None,
-        eog=frozenset(roles.eog),
+        eog=frozenset(roles.eog), sep=sep,
     )
 
 
@@ -162,10 +172,12 @@ def build_tokenizers_object(metadata: dict[str, Any], source: str) -> tuple[Toke
         tok = _byte_level_bpe(metadata, vocab, source)
     elif kind == "llama":
         tok = _sentencepiece_bpe(metadata, tokens, vocab, ids)
+    elif kind == "bert":
+        tok = _wordpiece(metadata, tokens, types, ids)
     else:
         raise ModelLoadError(
-            f"unsupported GGUF tokenizer model {kind!r} in {source}; mlxcel reads 'gpt2' (byte-level BPE) "
-            "and 'llama' (SentencePiece) vocabularies"
+            f"unsupported GGUF tokenizer model {kind!r} in {source}; mlxcel reads 'gpt2' (byte-level BPE), "
+            "'llama' (SentencePiece) and 'bert' (WordPiece) vocabularies"
         )
 
     # Control and user-defined tokens (as llama.cpp decides them, special_tokens.py) are matched
@@ -180,6 +192,13 @@ def build_tokenizers_object(metadata: dict[str, Any], source: str) -> tuple[Toke
     tok.add_tokens([t for t in added if not t.special])
 
     single, pair, specials = "$A", "$B", []
+    if kind == "bert" and ids.bos is not None and ids.sep is not None:
+        # llama.cpp's WordPiece tokenizer opens every text with BOS and closes it with the separator
+        cls, sep = tokens[ids.bos], tokens[ids.sep]
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{cls}:0 $A:0 {sep}:0", pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
+            special_tokens=[(cls, ids.bos), (sep, ids.sep)])
+        return tok, ids
     if ids.add_bos:
         single, pair = f"{tokens[ids.bos]}:0 {single}", f"{tokens[ids.bos]}:1 {pair}"
         specials.append((tokens[ids.bos], ids.bos))
@@ -200,6 +219,36 @@ def _byte_level_bpe(metadata: dict[str, Any], vocab: dict[str, int], source: str
     steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def _wordpiece(metadata: dict[str, Any], tokens: list[str], types: list[int], ids: SpecialIds) -> Tokenizer:
+    """A WordPiece tokenizer that splits as llama.cpp's (``llm_tokenizer_wpm``): BERT's
+    normalisation (lowercasing and accent stripping as the file's ``normalizer.*`` keys say, both on
+    by default), whitespace and punctuation splits, CJK characters alone, then the longest vocabulary
+    match from the start of each word, a word that does not tokenize whole being ``[UNK]``.
+
+    The converter stores a word-initial piece as ``\u2581piece`` and a continuation ``##piece`` as
+    ``piece`` (control tokens as they are); here they are spelled back the WordPiece way."""
+    vocab: dict[str, int] = {}
+    for i, (text, kind) in enumerate(zip(tokens, types)):
+        if kind == CONTROL:
+            spelled = text
+        elif text.startswith("\u2581"):
+            spelled = text[1:]
+        else:
+            spelled = "##" + text
+        if spelled:
+            vocab.setdefault(spelled, i)
+    unk = tokens[ids.unk] if ids.unk is not None else "[UNK]"
+    # llama.cpp matches a word of any length; Hugging Face's default gives up past 100 characters
+    tok = Tokenizer(models.WordPiece(vocab=vocab, unk_token=unk, max_input_chars_per_word=1 << 30))
+    lowercase = bool(metadata.get("tokenizer.ggml.normalizer.lowercase", True))
+    strip = bool(metadata.get("tokenizer.ggml.normalizer.strip_accents", lowercase))
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=strip,
+                                                lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
     return tok
 
 
@@ -272,6 +321,8 @@ def build_tokenizer(metadata: dict[str, Any], source: str):
     if metadata.get("tokenizer.ggml.model") == "llama":
         prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
         detok = lambda t: SPMStreamingDetokenizer(t, trim_space=prefix)  # noqa: E731
+    elif metadata.get("tokenizer.ggml.model") == "bert":
+        detok = NaiveStreamingDetokenizer
     else:
         detok = BPEStreamingDetokenizer
     return TokenizerWrapper(hf, detokenizer_class=detok, eos_token_ids=set(ids.eog)), ids

@@ -3,7 +3,8 @@
 Inputs (``input``, or ``content`` for the native shape): one prompt in any form ``/completion``
 takes (a string, token ids, mixed, ``{"prompt_string"}``), an OpenAI content object
 ``{"content": [{"type": "text", "text": ...}, ...]}`` (text parts joined), or an array of those.
-Strings are tokenized with the model's special tokens (BOS, and EOS where the model adds one).
+Strings are tokenized with the model's special tokens (BOS, and EOS where the model adds one; a
+WordPiece vocabulary's ``[CLS] text [SEP]``, as llama.cpp's WordPiece tokenizer always does).
 Rerank prompts: the model's own rerank template with ``{query}`` and ``{document}`` filled in, or
 ``BOS query [EOS] [SEP] document [EOS]`` as the vocabulary asks.
 """
@@ -30,12 +31,30 @@ NOT_MULTIMODAL = ("image_url", "input_audio", "input_video")
 
 
 def _eos(loaded) -> list[int]:
-    eos = sorted(loaded.eos_token_ids)
-    return [eos[0]] if loaded.metadata.get("add_eos") and eos else []
+    """The file's EOS token where it asks for one at the end of a text (its ``eos_token_id``: the
+    set of tokens that end generation may hold others, a WordPiece ``[PAD]`` among them)."""
+    if not loaded.metadata.get("add_eos"):
+        return []
+    eos = loaded.config.get("eos_token_id")
+    if isinstance(eos, int):
+        return [eos]
+    ends = sorted(loaded.eos_token_ids)
+    return ends[:1]
+
+
+def _closing(loaded) -> list[int]:
+    """What ends an embedding input: a WordPiece vocabulary's separator (llama.cpp's WordPiece
+    tokenizer closes every text with it, whatever the file's add-EOS flag), else :func:`_eos`."""
+    sep = loaded.metadata.get("sep_token_id")
+    if loaded.metadata.get("tokenizer_model") == "bert" and isinstance(sep, int):
+        return [sep]
+    return _eos(loaded)
 
 
 def _sep(loaded) -> list[int]:
-    sep = (loaded.metadata.get("token_ids") or {}).get("tokenizer.ggml.seperator_token_id")
+    sep = loaded.metadata.get("sep_token_id")  # an encoder's, with llama.cpp's WordPiece default
+    if sep is None:
+        sep = (loaded.metadata.get("token_ids") or {}).get("tokenizer.ggml.seperator_token_id")
     return [sep] if loaded.metadata.get("add_sep") and isinstance(sep, int) else []
 
 
@@ -61,11 +80,11 @@ def input_tokens(state: ServerState, entry: Any) -> list[int]:
         entry = _content_text(entry["content"])
     if isinstance(entry, str):
         _least_fitting(state, entry)
-        tokens = bos_prefix(loaded) + tokenize_text(loaded.tokenizer, entry, add_special=False) + _eos(loaded)
+        tokens = bos_prefix(loaded) + tokenize_text(loaded.tokenizer, entry, add_special=False) + _closing(loaded)
     elif isinstance(entry, (list, dict)):
         tokens = tokenize_prompt(loaded, entry)
-        if isinstance(entry, list) and entry and isinstance(entry[0], str):
-            tokens += _eos(loaded)
+        if isinstance(entry, dict) or entry and isinstance(entry[0], str):  # text first: closed as text is
+            tokens += _closing(loaded)
     else:
         raise invalid(PROMPT_FORMS)
     if not tokens:

@@ -27,7 +27,7 @@ from mlxcel.server.http.token_text import TokenText
 from mlxcel.server.http.tool_calls import call_syntax
 from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.distributed_setup import load_shard
-from mlxcel.server.runtime.embedder import Embedder
+from mlxcel.server.runtime.embedder import Embedder, check_encoder_flags
 from mlxcel.server.runtime.lockstep import Leader
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.speculation import Speculation
@@ -52,6 +52,9 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
         loaded = load_shard(config, group)
     else:
         loaded = load_target(config.model, hf_repo=config.hf_repo, hf_file=config.hf_file)
+    encoder = bool(loaded.metadata.get("encoder"))  # a BERT-family model: served for embeddings/rerank only
+    if encoder:
+        check_encoder_flags(config, loaded)
     template_src = config.chat_template
     if config.chat_template_file:
         with open(config.chat_template_file, encoding="utf-8") as f:
@@ -79,12 +82,17 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     state.model_name = state.aliases[0]
     state.tags = comma_set(config.tags)
     state.token_text = TokenText(loaded.tokenizer)
-    state.piece_chars = longest_piece(loaded.tokenizer)
+    # WordPiece drops whitespace and control characters, so no per-character lower bound holds
+    state.piece_chars = 0 if loaded.metadata.get("tokenizer_model") == "bert" else longest_piece(loaded.tokenizer)
     state.fim = model_fim_tokens(loaded.tokenizer, loaded.vocab_size, loaded.metadata.get("token_ids"))
     state.embedder = Embedder.load(config, loaded)
     state.n_params = int(sum(v.size for _, v in tree_flatten(loaded.model.parameters())))
     state.loaded = loaded
     settings = resolve(config)
+    if settings is not None and encoder:
+        log.warning("speculative decoding is not supported by this context (an encoder generates nothing): "
+                    "the speculative flags are ignored")
+        settings = None
     speculation = (Speculation.load(settings, loaded, config.ubatch_size, measure_cost=group is None)
                    if settings is not None else None)
     if settings is not None:

@@ -20,7 +20,10 @@ T = TypeVar("T")
 
 def open_tasks(state: ServerState, plan: CompletionPlan) -> list[TaskHandle]:
     """One task per completion of each prompt (index ``p * n + k``), queued now; on a refusal the
-    ones already queued are cancelled."""
+    ones already queued are cancelled. An encoder-only model (embeddings, rerank) generates nothing:
+    refused here, the one place every generating route queues its work."""
+    if state.embedder is not None:
+        state.embedder.check_generates()
     handles: list[TaskHandle] = []
     try:
         for p, tokens in enumerate(plan.prompts):

@@ -6,8 +6,11 @@ Pooling: ``--reranking`` is rank pooling; otherwise ``--pooling``, else the mode
 file's ``{arch}.pooling_type``, a sentence-transformers directory's ``1_Pooling/config.json``),
 else ``none``, which is llama.cpp's default for a model that names none. Rank pooling reads a rank
 head (``engine.embedding.rank_head``); a model without one scores, as llama-server scores it, with
-the first component of the last token's hidden state, and a warning at startup says that this
-number ranks nothing in particular.
+the first component of the summary token's hidden state (the last token's for a decoder, the
+first's for an encoder), and a warning at startup says that this number ranks nothing in particular.
+
+A BERT-family encoder (``engine.model.encoder``) is served for embeddings and rerank only: it has no
+KV cache and no language-model head, so a completion request is refused (:meth:`Embedder.check_generates`).
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from mlxcel.engine.embedding.rank_head import (
     is_qwen3_reranker,
     yes_no_head,
 )
+from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.server.runtime.config import ServerConfig
-from mlxcel.server.runtime.errors import timed_out
+from mlxcel.server.runtime.errors import not_supported, timed_out
 from mlxcel.server.runtime.task import Deferred
 
 log = logging.getLogger(__name__)
@@ -72,6 +76,20 @@ class Embedder:
     def reranking(self) -> bool:
         return self.pooling == "rank"
 
+    @property
+    def encoder_only(self) -> bool:
+        """Whether the model is an encoder, which embeds and scores but generates nothing."""
+        return bool(self.loaded.metadata.get("encoder"))
+
+    def check_generates(self) -> None:
+        """Refuse a completion (any route that generates) on an encoder-only model: 501, with
+        llama-server's reason (upstream answers it with a 500 once the task reaches a slot)."""
+        if self.encoder_only:
+            raise not_supported(
+                f"the current context does not support logits computation: {self.loaded.name} is an "
+                f"encoder-only ({self.loaded.metadata.get('architecture')}) model; it serves /embedding, "
+                "/v1/embeddings and, with --reranking, /rerank")
+
     @classmethod
     def load(cls, config: ServerConfig, loaded: LoadedModel) -> Embedder | None:
         if not (config.embeddings or config.reranking):
@@ -87,9 +105,10 @@ class Embedder:
             if head is None:
                 log.warning(
                     "--reranking: %s has no rank head, so (as llama-server) a score is the first component of the "
-                    "last token's hidden state, which ranks nothing in particular; a reranker GGUF carries cls.* "
+                    "%s token's hidden state, which ranks nothing in particular; a reranker GGUF carries cls.* "
                     "tensors (bge-reranker, Qwen3-Reranker converted by llama.cpp), a Qwen3-Reranker directory its "
-                    "LM head's yes/no rows", loaded.path.name)
+                    "LM head's yes/no rows", loaded.path.name,
+                    "first" if loaded.metadata.get("encoder") else "last")
             else:
                 log.info("reranking with %s", head.source)
         log.info("embeddings on: pooling %s, normalisation %d", pooling, config.embd_normalize)
@@ -114,6 +133,16 @@ class Embedder:
     def score(self, tokens: list[int]) -> float:
         """A rerank prompt's relevance score: the head's first output."""
         return float(embed(self.loaded.model, tokens, "rank", normalization=-1, head=self.head, step=self.step)[0])
+
+
+def check_encoder_flags(config: ServerConfig, loaded: LoadedModel) -> None:
+    """An encoder-only model serves embeddings or rerank and nothing else: without ``--embeddings``
+    or ``--reranking`` it would answer no route, so the server does not start (llama-server starts
+    and fails each request)."""
+    if not (config.embeddings or config.reranking):
+        raise ModelLoadError(
+            f"{loaded.path} is an encoder-only ({loaded.metadata.get('architecture')}) model: it computes embeddings "
+            "and rerank scores, not text; start the server with --embeddings (or --reranking for a reranker)")
 
 
 # The most engine time one embedding request takes between two engine steps (after at least one

@@ -63,9 +63,11 @@ def test_rank_heads():
     probs = np.array(qwen.outputs(mx.array(hidden)))
     assert qwen.softmax and probs.sum() == pytest.approx(1.0, rel=1e-6) and 0 < qwen.score(mx.array(hidden)) < 1
     assert gguf_rank_head({}, "llama") is None
+    # a lone cls.weight (jina-reranker-v1) is the dense layer: llama.cpp scores its tanh output
     single = gguf_rank_head({"cls.weight": mx.array(out)}, "jina-bert-v2")
-    assert single.dense is None and not single.softmax
-    assert single.score(mx.array(hidden)) == pytest.approx(float((out @ hidden[-1])[0]), rel=1e-5)
+    assert single.output is None and not single.softmax
+    assert single.score(mx.array(hidden)) == pytest.approx(float(np.tanh(out @ hidden[-1])[0]), rel=1e-5)
+    assert single.score(mx.array(hidden), row=0) == pytest.approx(float(np.tanh(out @ hidden[0])[0]), rel=1e-5)
 
 
 def test_encoder_only_checkpoints_are_refused_clearly(tmp_path):

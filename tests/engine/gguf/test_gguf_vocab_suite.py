@@ -16,8 +16,8 @@ from mlxcel.engine.gguf.file import read_gguf
 from mlxcel.engine.gguf.tokenizer import build_tokenizers_object
 
 MODELS = llama_cpp_sources.models_dir()
-# families whose vocabulary kind mlxcel does not read (WordPiece, Gemma 4's BPE): out of scope
-NOT_READ = {"ggml-vocab-bert-bge.gguf", "ggml-vocab-gemma-4.gguf"}
+# families whose vocabulary kind mlxcel does not read (Gemma 4's BPE): out of scope
+NOT_READ = {"ggml-vocab-gemma-4.gguf"}
 SEP = "\n__ggml_vocab_test__\n"
 
 
