@@ -17,7 +17,8 @@ def load_source(request: SourceRequest) -> DrafterSource:
     target = request.target
     if target is None:
         raise ValueError("a draft model is loaded against its target")
-    draft = load_target(request.draft_model, hf_repo=request.draft_hf)
+    hub = request.draft_hf  # -hfd: -md then names the repository's file, as upstream reads the pair
+    draft = load_target(None if hub else request.draft_model, hf_repo=hub, hf_file=request.draft_model if hub else None)
     check_same_vocabulary(target, draft)
     cls, prefill_step = request.drafter, request.prefill_step
 

@@ -10,8 +10,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from huggingface_hub import hf_hub_download, snapshot_download
-from huggingface_hub.errors import LocalEntryNotFoundError
 from mlx.utils import tree_flatten
 from mlx_lm.utils import dequantize_model
 from mlx_lm.utils import load as mlx_lm_load
@@ -21,6 +19,8 @@ from mlxcel.engine.model.config_file import read_config_json
 from mlxcel.engine.model.encoder_only import refuse_encoder_only
 from mlxcel.engine.model.gguf_loader import load_gguf
 from mlxcel.engine.model.heap_freeze import freeze_loaded_heap
+from mlxcel.engine.model.hub import resolve as resolve_hub
+from mlxcel.engine.model.hub_select import split_name
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform import device
 from mlxcel.engine.platform.packed_modules import pack_affine_modules, pack_float_modules
@@ -53,21 +53,14 @@ def is_gguf(path: Path) -> bool:
         return f.read(4) == GGUF_MAGIC
 
 
-def resolve_hf(repo: str, filename: str | None) -> Path:
-    """A file (``--hf-file``) or a whole snapshot of ``repo`` from the Hugging Face cache,
-    downloading only when the hub is reachable and offline mode is off."""
-    try:
-        if filename:
-            return Path(hf_hub_download(repo, filename))
-        return Path(snapshot_download(repo, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]))
-    except LocalEntryNotFoundError as exc:
-        what = f"{repo}/{filename}" if filename else repo
-        raise ModelLoadError(
-            f"{what} is not in the local Hugging Face cache and the hub cannot be reached "
-            "(offline); download it first or pass -m with a local path"
-        ) from exc
-    except Exception as exc:  # network errors, 404s, gated repos
-        raise ModelLoadError(f"could not fetch {repo} from Hugging Face: {exc}") from exc
+def refuse_split_gguf(path: Path) -> None:
+    """A split GGUF's first part (``-00001-of-00003``) names the whole model, which the loader reads
+    from one file only: say so, and how to join the parts, rather than fail on missing tensors."""
+    split = split_name(path.name)
+    if split is not None and split.count > 1:
+        raise ModelLoadError(f"{path.name} is part {split.index} of a GGUF split in {split.count} files, and mlxcel "
+                             "reads single-file GGUFs; join the parts with llama.cpp's `llama-gguf-split --merge "
+                             f"{path.name} OUT.gguf` and pass -m OUT.gguf")
 
 
 def load_model(
@@ -79,21 +72,26 @@ def load_model(
     shard: Callable[[nn.Module], None] | None = None,
 ) -> LoadedModel:
     """Load a model for inference. ``model`` is a GGUF file or an MLX/HF directory; with
-    neither ``model`` nor ``hf_repo`` the built-in default model is loaded.
+    neither ``model`` nor ``hf_repo`` the built-in default model is loaded. ``hf_repo`` is ``-hf``'s
+    ``<user>/<model>[:quant]`` and ``hf_file`` ``-hff``'s file, resolved through the Hugging Face
+    cache (``hub``); a projector found beside the model is recorded in ``metadata["hub_mmproj"]``.
 
     ``check_config(path, config)`` sees a directory's config.json before anything else is read
     and raises to refuse it; the drafter registry passes one that refuses drafter-only
     checkpoints (``mlxcel.drafters.registry.load_target``). ``shard(model)`` cuts the model into
     this rank's part (``engine.distributed.sharding``) before the device's graph changes; a
     directory is then loaded lazily, so only the shard's weights are read."""
+    mmproj = None
     if model is None and hf_repo:
-        path = resolve_hf(hf_repo, hf_file)
+        hub_model = resolve_hub(hf_repo, hf_file)
+        path, mmproj = hub_model.path, hub_model.choice.mmproj
     elif model is None:
         path = default_model_path()
     else:
         path = Path(model).expanduser()
     if not path.exists():
         raise ModelLoadError(f"model not found: {path}")
+    refuse_split_gguf(path)
     if is_gguf(path):
         loaded = load_gguf(path)
         if shard is not None:
@@ -106,6 +104,8 @@ def load_model(
     else:
         raise ModelLoadError(f"{path} is neither a GGUF file nor a model directory")
     loaded.name = loaded.name or path.name
+    if mmproj:  # the projector -hf found beside the model: recorded for when media input is served
+        loaded.metadata["hub_mmproj"] = mmproj
     if device.float_kernels():
         pack_float_modules(loaded.model)
         mx.eval(loaded.model.parameters())

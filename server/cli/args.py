@@ -17,6 +17,8 @@ import logging
 import os
 from collections.abc import Mapping
 
+from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.model.hub_select import split_repo_tag
 from mlxcel.engine.sampling.grammar import GBNF, JSON_SCHEMA, GrammarError, compile_grammar
 from mlxcel.server.cli import help_text
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS, Flag
@@ -89,7 +91,8 @@ def env_arguments(environ: Mapping[str, str]) -> list[str]:
                 elif flag.negatives:
                     out.append(flag.negatives[-1])
         elif value is not None:
-            out += [flag.names[-1], value]
+            # "--flag=value": a value that begins with "-" (a random key, a negative name) is not a flag
+            out += [f"{flag.names[-1]}={value}"] if value.startswith("-") and flag.nargs == 1 else [flag.names[-1], value]
     return out
 
 
@@ -150,6 +153,7 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
     if config.ctx_size < 0:
         raise ArgumentError("-c/--ctx-size must be >= 0 (0 = the model's own context length)")
     check_surface(config)
+    hub_repos(config)
     gcp_environment(config, env)
     if config.reasoning is not None:
         text = config.reasoning.lower()
@@ -177,6 +181,17 @@ def check_surface(config: ServerConfig) -> None:
             raise ArgumentError(f"{flag}: not a directory: {value}")
     if config.pooling is not None and config.pooling not in ("none", "mean", "cls", "last", "rank"):
         raise ArgumentError(f"--pooling: invalid value {config.pooling!r} (none, mean, cls, last or rank)")
+
+
+def hub_repos(config: ServerConfig) -> None:
+    """``-hf`` / ``-hfd`` must name ``<user>/<model>[:quant]``: a typo ends the command line here,
+    before the model loads, with upstream's wording."""
+    for flag, value in (("-hf/--hf-repo", config.hf_repo), ("-hfd/--spec-draft-hf", config.draft_hf)):
+        if value:
+            try:
+                split_repo_tag(value)
+            except ModelLoadError as exc:
+                raise ArgumentError(f"{flag}: {exc}") from None
 
 
 def grammar_flags(config: ServerConfig) -> None:

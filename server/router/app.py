@@ -13,9 +13,12 @@ every per-model route, flag and body comes from a real single-model server, unch
 that crashes or runs out of memory takes only its own process down, and stopping a process returns
 all of its memory to the system, which unloading inside one MLX process does not guarantee.
 
+``POST /models`` adds a model by its Hugging Face repository and downloads it (``downloads.py``).
+
 Differences: a start with neither a model nor a source of models serves mlxcel's built-in model
-(upstream routes to its download cache, which mlxcel does not keep); models are not downloaded (``POST /models`` answers 501) and the Hugging Face cache is not listed (a preset's
-``hf-repo`` reaches it); the errors upstream raises as 500 for a bad request are 400 / 404 here.
+(upstream routes to its download cache, which mlxcel does not keep); the Hugging Face cache is not
+listed (a preset's ``hf-repo`` reaches it, and a model ``POST /models`` added is listed until the
+router stops); the errors upstream raises as 500 for a bad request are 400 / 404 here.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from mlxcel.server.http.routes import cors_proxy, tools, unsupported
 from mlxcel.server.http.sse import JsonResponse, event, event_stream
 from mlxcel.server.router import child_access
 from mlxcel.server.router.catalog import CatalogError, load_catalog
+from mlxcel.server.router.downloads import add_model
 from mlxcel.server.router.models import Models, RouterError
 from mlxcel.server.router.options import ROUTER_ONLY, from_argv
 from mlxcel.server.router.proxy import forward
@@ -254,8 +258,8 @@ def create_router_app(config: ServerConfig) -> FastAPI:
         _, data = await body_json(request)
         if not isinstance(data.get("model"), str) or not data["model"]:
             raise RouterError("model must be a non-empty string")
-        raise RouterError("mlxcel-server does not download models: put the model in --models-dir or name it in a "
-                          "--models-preset (hf-repo / model)", 501, "not_supported_error")
+        await add_model(models, data["model"])
+        return JsonResponse({"success": True})
 
     async def remove(request: Request) -> JsonResponse:
         name = request.query_params.get("model", "")

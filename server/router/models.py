@@ -4,7 +4,8 @@ Each child takes requests only with the router's private credential (``child_acc
 
 Status, as upstream reports it on ``/models``: ``unloaded`` -> ``loading`` (spawned, not answering
 ``/health`` yet) -> ``loaded`` <-> ``sleeping`` (the child's own ``--sleep-idle-seconds``) ->
-``unloaded`` (with the exit code when it failed). Stopping a child is SIGTERM (its clean shutdown),
+``unloaded`` (with the exit code when it failed). A model ``POST /models`` adds is ``downloading``
+first (``downloads.py``; it holds no slot), then ``unloaded``. Stopping a child is SIGTERM (its clean shutdown),
 then SIGKILL after the model's ``stop-timeout`` (default 10 s); a child still loading is killed.
 
 Capacity (``--models-max``, default 4; 0 = unlimited) is upstream's scheduler: a request for a
@@ -39,6 +40,7 @@ from mlxcel.server.router.options import to_argv
 log = logging.getLogger(__name__)
 
 CHILD_HOST = "127.0.0.1"
+ADDED = "cache"  # the source of a model POST /models added (upstream's name: it lives in the hub cache)
 POLL_S = 0.1
 SLEEP_POLL_S = 1.0
 
@@ -169,6 +171,31 @@ class Models:
         self.broadcast("status_change", inst.name, data)
         self._tick()
         self._notify()
+
+    def add(self, entry: ModelEntry, status: str = "unloaded") -> Instance:
+        """A model that joins the list while the router runs (``POST /models``); a reload keeps it."""
+        inst = self.instances[entry.name] = Instance(entry, status=status)
+        self._set_argv(inst, 0)
+        self.broadcast("model_status", entry.name, {"status": status})
+        self._notify()
+        return inst
+
+    def downloaded(self, name: str) -> None:
+        """A model ``add`` listed as downloading has its files: it is ``unloaded``, loadable, now."""
+        inst = self.instances.get(name)
+        if inst is not None and inst.status == "downloading":
+            self._set_status(inst, "unloaded")
+
+    def discard(self, name: str) -> None:
+        """Drop a model ``add`` added whose download failed."""
+        if self.instances.pop(name, None) is not None:
+            self._notify()
+
+    def background(self, coro) -> None:
+        """Run ``coro`` as a task the router holds on to until it ends."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- scheduler ---------------------------------------------------------------------------------
     def _count_running(self) -> int:
@@ -349,6 +376,8 @@ class Models:
             await self._wait_change(POLL_S)
         for name in list(self.instances):
             inst = self.instances[name]
+            if name not in catalog and inst.entry.source == ADDED:
+                continue  # added by POST /models: no source file names it
             if name not in catalog:
                 del self.instances[name]
             elif not inst.running:
@@ -372,6 +401,9 @@ class Models:
         inst = self.instances[name]
         if not inst.stopping and inst.ready_or_sleep:
             return False
+        if inst.status == "downloading":  # as upstream, a request does not wait for a download
+            raise RouterError(f"model name={name} is still downloading; try again once it is listed as unloaded",
+                              503, "unavailable_error")
         queued = did_load = saw_loading = False
         if inst.status == "unloaded":
             self._join(name)
