@@ -31,9 +31,11 @@ class DrafterSource:
         self.description = description
         self.model_drafter = model_drafter  # the bound network every sequence's drafter shares
 
-    def new(self, n_min: int = 0, ngram_max: int | None = None) -> Drafter:
+    def new(self, n_min: int = 0, ngram_max: int | None = None, slot: int | None = None) -> Drafter:
         """A drafter for one sequence; ``n_min`` lets a drafter retract blocks too short to verify, and
-        ``ngram_max`` (prompt lookup only) overrides the longest n-gram it matches."""
+        ``ngram_max`` (prompt lookup only) overrides the longest n-gram it matches. ``slot``: the server
+        slot the sequence runs in (None: a sequence of its own, as the CLI's); a kind whose drafters keep
+        state across a slot's requests (the n-gram cache) overrides this to hand them that slot's state."""
         return self._make(n_min, ngram_max)
 
 
