@@ -47,8 +47,12 @@ def test_the_tree_keeps_every_contract(tmp_path):
      "drafter kinds are independent"),
     (("server/runtime/task.py", "from mlxcel.server.runtime import scheduler  # a cycle inside one layer"),
      "no import cycles"),
-    (("server/http/plan.py", "from mlxcel.server.http.formats import native  # plan reaching up to a format"),
+    (("server/http/plan.py", "from mlxcel.server.http.api.native import format  # plan reaching up to an API"),
      "inside the HTTP layer"),
+    (("server/http/api/anthropic/format.py", "from mlxcel.server.http.api.responses import request  # API to API"),
+     "API packages are independent"),
+    (("server/http/gate/middleware.py", "from mlxcel.server.http.api.webui import cors_proxy  # shared to an API"),
+     "only the app and the router import an API package"),
 ])
 def test_an_upward_or_circular_import_breaks_the_contract(tmp_path, plant, broken):
     r = lint_copy(tmp_path, plant)

@@ -1,2 +1,3 @@
-"""The HTTP API: the FastAPI app and its gate (auth, CORS, limits), request validation into a
-plan, the completion pipeline and its response formats, SSE framing. Depends on the runtime."""
+"""The HTTP API: the FastAPI app, one package per API it speaks (``api/``), the gate every request
+passes (``gate/``), request validation into a plan, the one completion pipeline and what the
+response formats share, chat templates and output (``chat/``), SSE framing. Depends on the runtime."""

@@ -1,5 +1,6 @@
-"""The FastAPI application: the gate every request passes, the error mapping, and llama-server's
-route table (``routes``), over a :class:`ServerState` the model loads into.
+"""The FastAPI application: the gate every request passes, the error mapping, and the routes of
+every API the server speaks (``APIS``, one package each under ``api/``), over a
+:class:`ServerState` the model loads into.
 
 The model loads in a background thread after the server starts listening; until it is ready every
 route answers 503 ``unavailable_error`` ("Loading model"), as upstream does.
@@ -17,22 +18,21 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mlxcel.engine.model.loaded_model import LoadedModel
-from mlxcel.server.http.gate import GateMiddleware
-from mlxcel.server.http.limits import BodyRefused, Limits
-from mlxcel.server.http.routes import (
+from mlxcel.server.http.api import (
     anthropic,
-    completions,
-    cors_proxy,
     embeddings,
-    info,
+    native,
+    openai_chat,
+    openai_completions,
     responses,
+    server_info,
     slot_actions,
-    tokens,
-    tools,
     unsupported,
     webui,
 )
-from mlxcel.server.http.routes.gcp import add_gcp_routes
+from mlxcel.server.http.api.gcp import add_gcp_routes
+from mlxcel.server.http.gate.middleware import GateMiddleware
+from mlxcel.server.http.limits import BodyRefused, Limits
 from mlxcel.server.http.sleep import IdleSleep, unload
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.startup import load_into
@@ -43,8 +43,10 @@ from mlxcel.server.tools.registry import ServerTools
 
 log = logging.getLogger(__name__)
 
-ROUTE_MODULES = (info, unsupported, tokens, completions, slot_actions, embeddings, responses, anthropic, tools,
-                 cors_proxy)
+# The APIs the server speaks, one package each (``api/``), added in this order; the web UI last, as
+# ``--path`` serves every other GET.
+APIS = (server_info, unsupported, native, openai_completions, openai_chat, slot_actions, embeddings, responses,
+        anthropic, webui)
 
 
 def create_app(config: ServerConfig, loader: Callable[[], LoadedModel] | None = None) -> FastAPI:
@@ -92,9 +94,8 @@ def create_app(config: ServerConfig, loader: Callable[[], LoadedModel] | None = 
     app.add_middleware(GateMiddleware, state=state)
     add_error_handlers(app)
     router = APIRouter(prefix=config.api_prefix)
-    for module in ROUTE_MODULES:
-        module.add_routes(router)
-    webui.add_routes(router, config)  # last: --path serves every other GET
+    for api in APIS:
+        api.add_routes(router, config)
     app.router.routes.extend(router.routes)  # flat, so app.routes lists every route
     add_gcp_routes(app, config)  # Vertex AI's prediction route, when AIP_MODE=PREDICTION
     return app

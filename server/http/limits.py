@@ -22,9 +22,9 @@ headers' own deadline and the connections one address may hold are the listener'
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import dataclass
 
+from mlxcel.engine.platform.settings import settings
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.runtime.errors import ApiError, body_timeout, invalid, payload_too_large
 
@@ -46,10 +46,8 @@ class Limits:
     def from_config(cls, config) -> Limits:
         queue = config.max_queue
         if queue is None:
-            try:
-                queue = int(os.environ.get("MLXCEL_MAX_QUEUE", DEFAULT_MAX_QUEUE))
-            except ValueError:
-                queue = DEFAULT_MAX_QUEUE
+            forced = settings().max_queue
+            queue = DEFAULT_MAX_QUEUE if forced is None else forced
         return cls(max_body=config.max_body_size, max_prompt_tokens=config.max_prompt_tokens,
                    max_queue=max(1, queue))
 

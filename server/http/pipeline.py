@@ -5,7 +5,8 @@
          -> or gather: results -> ``format.body`` -> JSON
 
 The pipeline knows nothing of any API's shapes; a :class:`ResponseFormat` knows nothing of tasks,
-events or transport. Adding an API is adding a format.
+events or transport. A completion-style API is a package under ``api/`` with its format, whose
+routes are :func:`completion_route` handlers.
 """
 
 from __future__ import annotations
@@ -64,6 +65,16 @@ async def complete(request: Request, fmt: ResponseFormat) -> Response:
         return event_stream(_chunks(fmt.stream(state, plan, indices), handles, plan.options.sse_ping_interval))
     results = await until_disconnect(request, gather_results(handles))
     return await json_response(fmt.body(state, plan, results, indices))
+
+
+def completion_route(fmt: ResponseFormat):
+    """The route handler that serves one completion request in ``fmt``'s shapes (named after the
+    format, so the route table says which API a path serves)."""
+    async def handle(request: Request) -> Response:
+        return await complete(request, fmt)
+
+    handle.__name__ = f"{type(fmt).__name__.removesuffix('Format').lower()}_completion"
+    return handle
 
 
 async def _chunks(writer: CompletionStream, handles: list[TaskHandle], ping_s: int = -1) -> AsyncIterator[bytes]:

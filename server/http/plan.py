@@ -2,7 +2,7 @@
 
 Every completion-style route parses its body here and nowhere else: the body's types
 (``schema``), the prompt or the chat messages rendered through the template (``prompts``,
-``chat_template``), the context and prompt limits, the number of choices, and the sampler and
+``chat.template``), the context and prompt limits, the number of choices, and the sampler and
 options merged over the server's defaults (``request_params``). Every range check of a completion
 request happens in this module or the ones it calls; routes and response formats hold none. What
 comes out is everything the pipeline needs to open tasks and a response format needs to shape
@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxcel.engine.sampling.grammar import LARK
-from mlxcel.server.http import reasoning
-from mlxcel.server.http.chat_output import ChatParsing
-from mlxcel.server.http.chat_template import apply_template, normalize_messages
+from mlxcel.server.http.chat import reasoning
+from mlxcel.server.http.chat.output import ChatParsing
+from mlxcel.server.http.chat.template import apply_template, normalize_messages
+from mlxcel.server.http.chat.tool_calls import call_grammar, check_tools, history_messages
 from mlxcel.server.http.grammar_fields import after_reasoning, constrain, request_grammar
 from mlxcel.server.http.prompts import check_tokens, least_tokens, split_prompts, tokenize_prompt
 from mlxcel.server.http.request_params import check_unsupported, generation_options
@@ -31,7 +32,6 @@ from mlxcel.server.http.schema import (
     validate,
 )
 from mlxcel.server.http.state import ServerState
-from mlxcel.server.http.tool_calls import call_grammar, check_tools, history_messages
 from mlxcel.server.runtime.errors import context_exceeded, context_exceeded_at_least, invalid
 from mlxcel.server.runtime.task import GenerationOptions
 

@@ -1,7 +1,7 @@
 """A validated request -> :class:`GenerationOptions`: server defaults overridden by the request's
 fields, upstream's range checks, and explicit refusals of what mlxcel does not implement
-(mirostat, top-n-sigma, dynamic temperature, adaptive-p, LoRA, custom sampler orders). A request's
-grammar is read by ``grammar_fields``.
+(mirostat, top-n-sigma, dynamic temperature, adaptive-p, custom sampler orders). A request's
+grammar is read by ``grammar_fields``, its LoRA scales by ``lora_list``.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from mlxcel.engine.sampling.grammar import Grammar
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.server.http.grammar_fields import gbnf_grammar, schema_grammar
 from mlxcel.server.http.limits import check_stops
+from mlxcel.server.http.lora_list import parse_lora_list
 from mlxcel.server.http.prompts import tokenize_text
 from mlxcel.server.http.schema import SamplingFields
 from mlxcel.server.runtime.config import ArgumentError, ServerConfig
@@ -188,12 +189,6 @@ def check_unsupported(req: SamplingFields) -> None:
         raise invalid("Field 'dynatemp_range': " + UNSUPPORTED.format(what="dynamic temperature"))
     if req.adaptive_target is not None and req.adaptive_target >= 0:
         raise invalid("Field 'adaptive_target': " + UNSUPPORTED.format(what="adaptive-p stage"))
-    lora = req.lora
-    if lora is not None:
-        if not isinstance(lora, list) or not all(isinstance(x, dict) and "id" in x and "scale" in x for x in lora):
-            raise invalid("Field 'lora': Error: 'lora' must be an array of objects with 'id' and 'scale' fields")
-        if lora:
-            raise invalid(f"Field 'lora': no LoRA adapter with id {lora[0]['id']} is loaded")
     for name in CHAT_PARSER_FIELDS:
         if getattr(req, name) is not None:
             raise invalid(f"Field '{name}': {CHAT_PARSER_FIELDS[name]}")
@@ -253,6 +248,7 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
     if bias:
         echo["logit_bias"] = bias
     return GenerationOptions(
+        lora=request_lora(req.lora, loaded),
         sampler=SamplerParams(**params),
         seed=seed,
         n_predict=request_n_predict(n_predict, defaults.n_predict),
@@ -280,6 +276,15 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         speculative_types=defaults.speculative_types,
         echo=echo,
     )
+
+
+def request_lora(value: Any, loaded) -> dict[int, float] | None:
+    """A request's ``lora`` list as scales by adapter id; None when it lists none (the request then runs
+    at the server's global scales, as upstream)."""
+    if value is None:
+        return None
+    adapters = getattr(loaded, "adapters", None)
+    return parse_lora_list(value, len(adapters) if adapters is not None else 0, "Field 'lora': ") or None
 
 
 def parse_logit_bias_flag(entries: list[str] | None) -> dict[int, float]:

@@ -16,15 +16,16 @@ from mlxcel.drafters.loading import load_target
 from mlxcel.engine.distributed.world import world
 from mlxcel.engine.model.fim_tokens import model_fim_tokens
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.model.lora import attach_adapters
 from mlxcel.engine.sampling.grammar import special_token_ids
-from mlxcel.server.http.chat_template import legacy_format, resolve_template
+from mlxcel.server.http.chat.reasoning import think_markers
+from mlxcel.server.http.chat.template import legacy_format, resolve_template
+from mlxcel.server.http.chat.template_caps import probe_template
+from mlxcel.server.http.chat.tool_calls import call_syntax
 from mlxcel.server.http.prompts import longest_piece
-from mlxcel.server.http.reasoning import think_markers
 from mlxcel.server.http.request_params import build_defaults
 from mlxcel.server.http.state import ServerState
-from mlxcel.server.http.template_caps import probe_template
 from mlxcel.server.http.token_text import TokenText
-from mlxcel.server.http.tool_calls import call_syntax
 from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.distributed_setup import load_shard
 from mlxcel.server.runtime.embedder import Embedder, check_encoder_flags
@@ -52,6 +53,8 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
         loaded = load_shard(config, group)
     else:
         loaded = load_target(config.model, hf_repo=config.hf_repo, hf_file=config.hf_file)
+    if config.lora_adapters:  # before the drafter's probe and cost model, which run the adapted model
+        attach_adapters(loaded, config.lora_adapters, apply=not config.lora_init_without_apply)
     encoder = bool(loaded.metadata.get("encoder"))  # a BERT-family model: served for embeddings/rerank only
     if encoder:
         check_encoder_flags(config, loaded)

@@ -8,12 +8,12 @@ from typing import Any
 
 from mlxcel.engine.model.fim_tokens import FimTokens
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.server.http.chat.template_caps import TemplateInfo, ThinkMarkers
+from mlxcel.server.http.chat.tool_calls import CallSyntax
 from mlxcel.server.http.limits import Limits
 from mlxcel.server.http.request_params import ServerDefaults
 from mlxcel.server.http.response_store import ResponseStore
-from mlxcel.server.http.template_caps import TemplateInfo, ThinkMarkers
 from mlxcel.server.http.token_text import TokenText
-from mlxcel.server.http.tool_calls import CallSyntax
 from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.embedder import Embedder
 from mlxcel.server.runtime.metrics import Metrics

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mlxcel.server.http.template_caps import ThinkMarkers
-from mlxcel.server.http.tool_calls import CallSyntax, ToolCall
+from mlxcel.server.http.chat.template_caps import ThinkMarkers
+from mlxcel.server.http.chat.tool_calls import CallSyntax, ToolCall
 from mlxcel.server.runtime.stop_strings import partial_stop_length
 
 START, REASONING, AFTER_REASONING, CONTENT, CALLS = "start", "reasoning", "after", "content", "calls"

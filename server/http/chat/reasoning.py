@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlxcel.server.http.chat.template_caps import TemplateInfo, ThinkMarkers
 from mlxcel.server.http.prompts import tokenize_text
-from mlxcel.server.http.template_caps import TemplateInfo, ThinkMarkers
 from mlxcel.server.runtime.errors import invalid
 from mlxcel.server.runtime.reasoning_budget import BudgetSpec
 

@@ -22,7 +22,7 @@ try:  # transformers' cached compiler of chat templates (see _lenient)
 except ImportError:  # pragma: no cover
     _compile_jinja_template = None
 
-from mlxcel.server.http import legacy_templates
+from mlxcel.server.http.chat import legacy_templates
 from mlxcel.server.http.media import refuse_content_part
 from mlxcel.server.runtime.errors import invalid
 

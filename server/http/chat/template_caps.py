@@ -27,7 +27,7 @@ from functools import lru_cache
 import jinja2
 import jinja2.meta
 
-from mlxcel.server.http.chat_template import apply_template
+from mlxcel.server.http.chat.template import apply_template
 from mlxcel.server.runtime.errors import ApiError
 
 log = logging.getLogger(__name__)

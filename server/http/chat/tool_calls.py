@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlxcel.engine.sampling.grammar import JSON_WHITESPACE, lark_text
-from mlxcel.server.http.template_caps import ID, CallLayout, TemplateInfo
+from mlxcel.server.http.chat.template_caps import ID, CallLayout, TemplateInfo
 from mlxcel.server.runtime.errors import invalid
 
 try:  # mlx-lm's choice of parser from a template (what mlx_lm.server does)

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import secrets
-import string
-
+from mlxcel.server.http.formats.ids import new_id
 from mlxcel.server.http.formats.probs import probs_json
 from mlxcel.server.http.token_text import TokenText
 from mlxcel.server.runtime.task import Result
 
 SYSTEM_FINGERPRINT = "b0-mlxcel"
-_ID_ALPHABET = string.ascii_letters + string.digits
 
 
 def completion_id() -> str:
-    return "chatcmpl-" + "".join(secrets.choice(_ID_ALPHABET) for _ in range(32))
+    return new_id("chatcmpl-")
 
 
 def finish_reason(stop_type: str) -> str:

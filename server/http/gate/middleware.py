@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import logging
 
-from mlxcel.server.http import header_names
-from mlxcel.server.http.auth import ApiKeys, invalid_key, mark_key_checked
-from mlxcel.server.http.cors import Cors
+from mlxcel.server.http.gate import header_names
+from mlxcel.server.http.gate.auth import ApiKeys, invalid_key, mark_key_checked
+from mlxcel.server.http.gate.cors import Cors
 from mlxcel.server.http.limits import BodyLimit
-from mlxcel.server.http.routes.cors_proxy import startup_warning
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.runtime.errors import unavailable
@@ -22,8 +21,7 @@ class GateMiddleware:
     for a body over ``--max-body-size`` and 408 for one that stalls past ``--timeout``. Pure ASGI,
     so streaming and disconnect detection are untouched; the cost is a header scan and a couple of
     closures per request (``scripts/bench_gate.py``). A request let in on a valid key is marked so
-    (``auth.mark_key_checked``). Built when the server starts (the first ASGI call is its lifespan
-    startup), so the warning about a keyless CORS proxy is a start-up line."""
+    (``auth.mark_key_checked``)."""
 
     def __init__(self, app, state: ServerState):
         self.app = app
@@ -31,9 +29,6 @@ class GateMiddleware:
         self.cors = Cors.from_config(state.config)
         self.keys = ApiKeys(state.api_keys)
         self.body_limit = BodyLimit(state.config.max_body_size, read_timeout=float(state.config.timeout))
-        warning = startup_warning(state.config, bool(self.keys))
-        if warning:
-            log.warning("%s", warning)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":

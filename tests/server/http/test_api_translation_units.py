@@ -7,12 +7,13 @@ import json
 
 import pytest
 
-from mlxcel.server.http import anthropic_request, responses_request
-from mlxcel.server.http.chat_output import Delta
-from mlxcel.server.http.formats.anthropic import ContentBlocks
-from mlxcel.server.http.formats.oai_responses import OutputItems
+from mlxcel.server.http.api.anthropic import request as anthropic_request
+from mlxcel.server.http.api.anthropic.format import ContentBlocks
+from mlxcel.server.http.api.responses import request as responses_request
+from mlxcel.server.http.api.responses.format import OutputItems
+from mlxcel.server.http.chat.output import Delta
+from mlxcel.server.http.chat.tool_calls import ToolCall
 from mlxcel.server.http.response_store import ResponseStore, StoredResponse
-from mlxcel.server.http.tool_calls import ToolCall
 from mlxcel.server.runtime.errors import ApiError
 
 CALL = ToolCall("get_weather", '{"city": "Paris"}', "abc123")

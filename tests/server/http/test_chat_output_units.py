@@ -12,9 +12,9 @@ import tiny_checkpoints
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from transformers import AutoTokenizer
 
-from mlxcel.server.http.chat_output import ChatOutput, ChatParsing
-from mlxcel.server.http.template_caps import ThinkMarkers, probe_template
-from mlxcel.server.http.tool_calls import call_grammar, call_syntax
+from mlxcel.server.http.chat.output import ChatOutput, ChatParsing
+from mlxcel.server.http.chat.template_caps import ThinkMarkers, probe_template
+from mlxcel.server.http.chat.tool_calls import call_grammar, call_syntax
 from mlxcel.server.runtime.reasoning_budget import COUNTING, DONE, FORCING, IDLE, BudgetSpec, ReasoningBudget
 
 HEADER = ("{%- for m in messages %}{%- if m.role == 'assistant' %}<|im_start|>assistant\n"

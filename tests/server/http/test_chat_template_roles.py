@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from mlxcel.server.http.chat_template import apply_template, llama_server_messages
+from mlxcel.server.http.chat.template import apply_template, llama_server_messages
 from mlxcel.server.runtime.errors import ApiError
 
 # a template that refuses a system turn, as some families' do

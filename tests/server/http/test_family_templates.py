@@ -15,7 +15,7 @@ from pathlib import Path
 import llama_cpp_sources
 import pytest
 
-from mlxcel.server.http.chat_template import apply_template, normalize_messages
+from mlxcel.server.http.chat.template import apply_template, normalize_messages
 
 RECORD = json.loads((Path(__file__).parent / "data" / "family_templates.json").read_text(encoding="utf-8"))
 MODELS = llama_cpp_sources.models_dir()

@@ -26,7 +26,7 @@ from schemathesis.checks import (
 )
 from server_process import ServerProcess
 
-from mlxcel.server.http.openapi import document
+from mlxcel.server.http.api.server_info.openapi import document
 
 EXAMPLES = int(os.environ.get("MLXCEL_FUZZ_EXAMPLES", "8"))
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance,

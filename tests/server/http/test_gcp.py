@@ -9,7 +9,7 @@ import httpx
 import pytest
 from server_process import ServerProcess, free_port
 
-from mlxcel.server.http.routes.gcp import request_format
+from mlxcel.server.http.api.gcp.routes import request_format
 
 KEY = {"Authorization": "Bearer k"}
 CHAT = {"@requestFormat": "chatCompletions", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}

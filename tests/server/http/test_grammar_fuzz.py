@@ -245,8 +245,8 @@ def _serve(tokenizer_dir: str) -> None:
 
     from mlxcel.engine.sampling.grammar import LARK, GrammarError, compile_grammar, special_token_ids
     from mlxcel.engine.sampling.grammar_matcher import new_matcher
-    from mlxcel.server.http.template_caps import CallLayout
-    from mlxcel.server.http.tool_calls import call_grammar, check_tools
+    from mlxcel.server.http.chat.template_caps import CallLayout
+    from mlxcel.server.http.chat.tool_calls import call_grammar, check_tools
     from mlxcel.server.runtime.errors import ApiError
 
     class Wrapped:  # what mlx-lm's tokenizer wrapper offers the grammar engine

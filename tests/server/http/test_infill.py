@@ -13,7 +13,7 @@ from server_process import ServerProcess, load_capture
 from tokenizers import Tokenizer
 
 from mlxcel.engine.model.fim_tokens import FimTokens, model_fim_tokens
-from mlxcel.server.http.infill import check_fim, infill_tokens
+from mlxcel.server.http.api.native.infill import check_fim, infill_tokens
 from mlxcel.server.runtime.errors import ApiError
 
 QWEN_FIM = ("<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|fim_repo|>", "<|file_sep|>")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxcel.server.http.legacy_templates import NAMES, detect, render
+from mlxcel.server.http.chat.legacy_templates import NAMES, detect, render
 
 DATA = Path(__file__).parent / "data" / "legacy_templates.json"
 RECORDED = json.loads(DATA.read_text()) if DATA.exists() else {}

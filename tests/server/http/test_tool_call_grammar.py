@@ -23,8 +23,8 @@ from qwen_tool_template import qwen_tool_template
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.sampling.grammar import LARK, compile_grammar, special_token_ids
 from mlxcel.engine.sampling.grammar_matcher import allowed_rows, new_matcher
-from mlxcel.server.http.template_caps import probe_template
-from mlxcel.server.http.tool_calls import call_grammar
+from mlxcel.server.http.chat.template_caps import probe_template
+from mlxcel.server.http.chat.tool_calls import call_grammar
 
 # calls a newline apart, in Qwen2.5's layout (our own minimal template)
 NEWLINE_APART = """{%- for message in messages %}<|im_start|>{{ message.role }}

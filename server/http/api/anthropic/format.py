@@ -1,7 +1,7 @@
 """The Anthropic Messages format (``/v1/messages``): ``message`` bodies, their event stream and
 Anthropic's error shape.
 
-The output is read as a chat completion's is (``chat_output``) and becomes content blocks in the
+The output is read as a chat completion's is (``chat.output``) and becomes content blocks in the
 order they appear: ``thinking`` (with the empty ``signature`` a local model can give, as
 upstream), ``text``, one ``tool_use`` per call (its arguments parsed into ``input``). One
 :class:`ContentBlocks` builds them for both shapes. The stream is Anthropic's: ``message_start``
@@ -24,14 +24,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from mlxcel.server.http.anthropic_request import translate
-from mlxcel.server.http.chat_output import ChatOutput, ChatParsing, Delta
+from mlxcel.server.http.api.anthropic.request import translate
+from mlxcel.server.http.chat.output import ChatOutput, ChatParsing, Delta
+from mlxcel.server.http.chat.tool_calls import ToolCall
 from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
+from mlxcel.server.http.formats.ids import new_id
 from mlxcel.server.http.plan import CompletionPlan, chat_plan
-from mlxcel.server.http.responses_request import new_id
 from mlxcel.server.http.sse import named_event
 from mlxcel.server.http.state import ServerState
-from mlxcel.server.http.tool_calls import ToolCall
 from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.task import Partial, Result
 

@@ -25,7 +25,7 @@ import json
 import re
 from typing import Any
 
-from mlxcel.server.http.responses_request import typed
+from mlxcel.server.http.body_fields import typed
 from mlxcel.server.runtime.errors import invalid
 
 IMAGE_REFUSAL = ("image input is not supported: mlxcel-server serves text models only "

@@ -12,13 +12,14 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mlxcel.server.http.anthropic_request import translate
-from mlxcel.server.http.formats.anthropic import AnthropicFormat, error_body
+from mlxcel.server.http.api.anthropic.format import AnthropicFormat, error_body
+from mlxcel.server.http.api.anthropic.request import translate
 from mlxcel.server.http.limits import BodyRefused
 from mlxcel.server.http.pipeline import complete, read_body
 from mlxcel.server.http.plan import chat_body_tokens
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
+from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.errors import ApiError
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,6 @@ async def count_tokens(request: Request) -> JsonResponse:
     return JsonResponse({"input_tokens": len(tokens)})
 
 
-def add_routes(router: APIRouter) -> None:
+def add_routes(router: APIRouter, config: ServerConfig) -> None:
     router.add_api_route("/v1/messages", _anthropic_errors(messages), methods=["POST"])
     router.add_api_route("/v1/messages/count_tokens", _anthropic_errors(count_tokens), methods=["POST"])

@@ -15,11 +15,12 @@ import time
 from fastapi import APIRouter
 from starlette.requests import Request
 
-from mlxcel.server.http import embeddings
+from mlxcel.server.http.api.embeddings import bodies
 from mlxcel.server.http.pipeline import read_body
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.http.tasks import until_disconnect
+from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.embedder import EmbeddingRun
 from mlxcel.server.runtime.errors import invalid, not_supported
 
@@ -50,16 +51,16 @@ async def _embed(request: Request, oai: bool) -> JsonResponse:
         value, oai = body["content"], False  # "content" is the native shape, on any of the routes
     else:
         raise invalid('"input" or "content" must be provided')
-    use_base64 = embeddings.check_encoding(body)
-    norm = embeddings.check_normalize(body, embedder.normalization)
-    inputs = await asyncio.to_thread(embeddings.embedding_inputs, state, value)  # tokenizing: off the loop
+    use_base64 = bodies.check_encoding(body)
+    norm = bodies.check_normalize(body, embedder.normalization)
+    inputs = await asyncio.to_thread(bodies.embedding_inputs, state, value)  # tokenizing: off the loop
     vectors = await _on_engine(request, state, embedder.embedding_run(inputs, norm, state.scheduler.timeout,
                                                                       t_arrival))
     if oai:
         lengths = [len(t) for t in inputs]
         return await asyncio.to_thread(lambda: JsonResponse(
-            embeddings.oai_body(body, state.model_name, vectors, lengths, use_base64)))
-    return await asyncio.to_thread(lambda: JsonResponse(embeddings.native_body(vectors)))
+            bodies.oai_body(body, state.model_name, vectors, lengths, use_base64)))
+    return await asyncio.to_thread(lambda: JsonResponse(bodies.native_body(vectors)))
 
 
 async def embeddings_native(request: Request) -> JsonResponse:
@@ -77,15 +78,15 @@ async def rerank(request: Request) -> JsonResponse:
     if embedder is None or not embedder.reranking:
         raise not_supported(RERANKING_OFF)
     body = await read_body(request)
-    query, docs, top_n, tei = embeddings.rerank_request(body)
-    prompts = await asyncio.to_thread(embeddings.rerank_inputs, state, embedder.rerank_template, query, docs)
+    query, docs, top_n, tei = bodies.rerank_request(body)
+    prompts = await asyncio.to_thread(bodies.rerank_inputs, state, embedder.rerank_template, query, docs)
     scores = await _on_engine(request, state, embedder.rerank_run(prompts, state.scheduler.timeout, t_arrival))
     lengths = [len(p) for p in prompts]
     return await asyncio.to_thread(lambda: JsonResponse(
-        embeddings.rerank_body(body, state.model_name, docs, list(scores), lengths, top_n, tei)))
+        bodies.rerank_body(body, state.model_name, docs, list(scores), lengths, top_n, tei)))
 
 
-def add_routes(router: APIRouter) -> None:
+def add_routes(router: APIRouter, config: ServerConfig) -> None:
     for path in ("/embedding", "/embeddings"):
         router.add_api_route(path, embeddings_native, methods=["POST"])
     router.add_api_route("/v1/embeddings", embeddings_oai, methods=["POST"])

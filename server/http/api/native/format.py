@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from mlxcel.server.http.api.native.infill import infill_plan
 from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
+from mlxcel.server.http.formats.native_result import native_final, prompt_progress
 from mlxcel.server.http.formats.probs import probs_json
-from mlxcel.server.http.formats.settings import generation_settings
-from mlxcel.server.http.infill import infill_plan
 from mlxcel.server.http.plan import CompletionPlan, native_plan
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.http.token_text import TokenText
@@ -33,12 +33,6 @@ def native_partial(partial: Partial, index: int, n_prompt: int, opts: Generation
     return body
 
 
-def prompt_progress(progress: Progress) -> dict:
-    """The ``prompt_progress`` object of a native chunk and of a chat role chunk."""
-    return {"total": progress.total, "cache": progress.cache, "processed": progress.processed,
-            "time_ms": progress.time_ms}
-
-
 def native_progress(index: int, n_prompt: int, progress: Progress) -> dict:
     body = {
         "index": index, "content": "", "tokens": [0], "stop": False, "id_slot": -1, "tokens_predicted": 0,
@@ -47,31 +41,6 @@ def native_progress(index: int, n_prompt: int, progress: Progress) -> dict:
     if progress.timings is not None:
         body["timings"] = progress.timings.to_json()
     body["prompt_progress"] = prompt_progress(progress)
-    return body
-
-
-def native_final(result: Result, opts: GenerationOptions, *, index: int, model: str, prompt_text: str,
-                 text: TokenText, content: str | None = None) -> dict:
-    body = {
-        "index": index,
-        "content": result.content if content is None else content,
-        "tokens": list(result.tokens),
-        "id_slot": result.id_slot,
-        "stop": True,
-        "model": model,
-        "tokens_predicted": result.n_predicted,
-        "tokens_evaluated": result.n_prompt,
-        "generation_settings": generation_settings(opts),
-        "prompt": prompt_text,
-        "has_new_line": result.has_new_line,
-        "truncated": result.truncated,
-        "stop_type": result.stop_type,
-        "stopping_word": result.stopping_word,
-        "tokens_cached": result.tokens_cached,
-        "timings": result.timings.to_json(),
-    }
-    if opts.n_probs > 0 and content is None:
-        body["completion_probabilities"] = probs_json(result.probs, text, opts.post_sampling_probs)
     return body
 
 

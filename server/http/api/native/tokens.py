@@ -1,5 +1,5 @@
-"""Tokenizer and template routes: ``/tokenize``, ``/detokenize``, ``/apply-template`` and
-``/v1/chat/completions/input_tokens``.
+"""llama-server's tokenizer and template routes: ``/tokenize``, ``/detokenize`` and
+``/apply-template``.
 
 Each route's tokenizer / template work runs in a worker thread (``asyncio.to_thread``): a long text
 takes the tokenizer a while, and the event loop serves every other client meanwhile."""
@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter
 from starlette.requests import Request
 
 from mlxcel.server.http.pipeline import read_body
-from mlxcel.server.http.plan import chat_body_prompt, chat_body_tokens
+from mlxcel.server.http.plan import chat_body_prompt
 from mlxcel.server.http.prompts import bos_prefix, tokenize_text
 from mlxcel.server.http.schema import DetokenizeRequest, TokenizeRequest, validate
 from mlxcel.server.http.sse import JsonResponse
@@ -53,18 +52,3 @@ async def apply_template(request: Request) -> JsonResponse:
     state: ServerState = request.app.state.server
     body = await read_body(request)
     return JsonResponse({"prompt": await asyncio.to_thread(chat_body_prompt, state, body)})
-
-
-async def chat_input_tokens(request: Request) -> JsonResponse:
-    state: ServerState = request.app.state.server
-    body = await read_body(request)
-    tokens = await asyncio.to_thread(chat_body_tokens, state, body)
-    return JsonResponse({"input_tokens": len(tokens), "object": "response.input_tokens"})
-
-
-def add_routes(router: APIRouter) -> None:
-    router.add_api_route("/tokenize", tokenize, methods=["POST"])
-    router.add_api_route("/detokenize", detokenize, methods=["POST"])
-    router.add_api_route("/apply-template", apply_template, methods=["POST"])
-    for path in ("/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"):
-        router.add_api_route(path, chat_input_tokens, methods=["POST"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
-from mlxcel.server.http.chat_output import ChatOutput, ChatParsing, Delta
+from mlxcel.server.http.chat.output import ChatOutput, ChatParsing, Delta
 from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
-from mlxcel.server.http.formats.native import native_final, prompt_progress
+from mlxcel.server.http.formats.native_result import native_final, prompt_progress
 from mlxcel.server.http.formats.openai import (
     SYSTEM_FINGERPRINT,
     completion_id,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
-from mlxcel.server.http.formats.native import prompt_progress
+from mlxcel.server.http.formats.native_result import prompt_progress
 from mlxcel.server.http.formats.openai import (
     SYSTEM_FINGERPRINT,
     completion_id,

@@ -1,7 +1,7 @@
 """The OpenAI Responses format (``/v1/responses``): ``response`` objects and the ``response.*``
 event stream.
 
-The output is read as a chat completion's is (``chat_output``: reasoning, content, tool calls)
+The output is read as a chat completion's is (``chat.output``: reasoning, content, tool calls)
 and becomes output items in the order they appear: a ``reasoning`` item (its text as one
 ``reasoning_text`` part), a ``message`` with one ``output_text`` part, a ``function_call`` per
 call. One :class:`OutputItems` builds them for both shapes, so a stream's events always reassemble
@@ -23,16 +23,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from mlxcel.server.http.chat_output import ChatOutput, ChatParsing, Delta
+from mlxcel.server.http.api.responses.request import ResponsesRequest, seal_reasoning, translate
+from mlxcel.server.http.chat.output import ChatOutput, ChatParsing, Delta
+from mlxcel.server.http.chat.tool_calls import ToolCall
 from mlxcel.server.http.formats.base import CompletionStream, ResponseFormat
-from mlxcel.server.http.formats.native import prompt_progress
+from mlxcel.server.http.formats.ids import new_id
+from mlxcel.server.http.formats.native_result import prompt_progress
 from mlxcel.server.http.plan import CompletionPlan, chat_plan
 from mlxcel.server.http.prompts import tokenize_text
 from mlxcel.server.http.response_store import StoredResponse
-from mlxcel.server.http.responses_request import ResponsesRequest, new_id, seal_reasoning, translate
 from mlxcel.server.http.sse import named_event
 from mlxcel.server.http.state import ServerState
-from mlxcel.server.http.tool_calls import ToolCall
 from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.task import Partial, Progress, Result
 

@@ -23,17 +23,16 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-import secrets
-import string
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlxcel.server.http.body_fields import typed
+from mlxcel.server.http.formats.ids import new_id
 from mlxcel.server.http.response_store import ResponseStore
 from mlxcel.server.http.schema import INT_MAX, check_range
 from mlxcel.server.runtime.errors import ApiError, invalid, json_type_name
 
 log = logging.getLogger(__name__)
-_ALPHABET = string.ascii_letters + string.digits
 ENCRYPTED_PREFIX = "mlxcel-reasoning:"  # the encrypted_content this server writes: base64 of the text
 IMAGE_REFUSAL = ("image input is not supported: mlxcel-server serves text models only "
                  "(input_image / input_file parts are refused)")
@@ -43,10 +42,6 @@ _CONSUMED = ("input", "instructions", "tools", "tool_choice", "max_output_tokens
              "background", "metadata", "include", "previous_response_id", "truncation", "user", "service_tier",
              "safety_identifier", "prompt_cache_key", "prompt_cache_retention", "stream_options", "max_tool_calls",
              "top_logprobs", "conversation", "prompt", "messages")
-
-
-def new_id(prefix: str) -> str:
-    return prefix + "".join(secrets.choice(_ALPHABET) for _ in range(32))
 
 
 @dataclass
@@ -72,18 +67,6 @@ class ResponsesRequest:
 
 def not_found(response_id: str) -> ApiError:
     return ApiError(f"Response with id '{response_id}' not found.", "not_found_error")
-
-
-def typed(body: dict, name: str, kind: type, what: str) -> Any:
-    """``body[name]`` when it is of JSON type ``kind`` (an integral number for ``int``), else a 400."""
-    value = body.get(name)
-    if value is None:
-        return None
-    if kind is int and isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-        raise invalid(f"Field '{name}': type must be {what}, but is {json_type_name(value)}")
-    return value
 
 
 def _text_parts(content: Any, where: str, *, output: bool) -> list[dict]:

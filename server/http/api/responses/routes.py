@@ -16,7 +16,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from mlxcel.server.http.formats.oai_responses import (
+from mlxcel.server.http.api.responses.format import (
     ResponsesFormat,
     ResponsesPlan,
     failed_response,
@@ -24,15 +24,16 @@ from mlxcel.server.http.formats.oai_responses import (
     response_object,
     responses_plan,
 )
+from mlxcel.server.http.api.responses.request import not_found, translate
 from mlxcel.server.http.pipeline import complete, read_body
 from mlxcel.server.http.plan import render_chat
 from mlxcel.server.http.prompts import tokenize_prompt
 from mlxcel.server.http.response_store import StoredResponse
-from mlxcel.server.http.responses_request import not_found, translate
 from mlxcel.server.http.schema import ChatRequest, validate
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.http.tasks import gather_results, open_tasks
+from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.errors import ApiError, invalid
 from mlxcel.server.runtime.scheduler import TaskHandle
 
@@ -108,7 +109,7 @@ async def cancel(request: Request, response_id: str) -> JsonResponse:
     return JsonResponse(entry.response)
 
 
-def add_routes(router: APIRouter) -> None:
+def add_routes(router: APIRouter, config: ServerConfig) -> None:
     for prefix in ("/v1", ""):
         router.add_api_route(f"{prefix}/responses", create, methods=["POST"])
         router.add_api_route(f"{prefix}/responses/input_tokens", input_tokens, methods=["POST"])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.server.http import openapi_apis
+from mlxcel.server.http.api.server_info import openapi_apis
 from mlxcel.server.http.schema import ChatRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from mlxcel.server.runtime.errors import ERROR_STATUS
 
@@ -113,7 +113,10 @@ def document() -> dict[str, Any]:
         "/models": _get("the served model", OBJECT, 503),
         "/v1/models": _get("the served model (alias)", OBJECT, 503),
         "/slots": _get("slot states", {"type": "array", "items": OBJECT}, 501, 503),
-        "/lora-adapters": _get("loaded LoRA adapters (none)", {"type": "array", "maxItems": 0}, 503),
+        "/lora-adapters": _get("loaded LoRA adapters and their global scales", {"type": "array", "items": {
+            "type": "object", "required": ["id", "path", "scale", "task_name", "prompt_prefix"],
+            "properties": {"id": {"type": "integer"}, "path": {"type": "string"}, "scale": {"type": "number"},
+                           "task_name": {"type": "string"}, "prompt_prefix": {"type": "string"}}}}, 503),
         "/completion": _post("native completion", "CompletionRequest", native_ok, True),
         "/completions": _post("native completion (alias)", "CompletionRequest", native_ok, True),
         "/v1/completions": _post("OpenAI completion", "CompletionRequest", OAI_COMPLETION, True),

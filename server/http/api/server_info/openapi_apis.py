@@ -1,8 +1,8 @@
 """The OpenAPI paths of the Responses and Anthropic Messages routes, for ``openapi.document``.
 
-Their bodies are translated by hand (``responses_request``, ``anthropic_request``), not validated
-by a pydantic model, so the request schemas are written here: the fields each route checks the
-type of, and the required ones. The Anthropic routes answer errors in Anthropic's shape (the gate's
+Their bodies are translated by hand (``api.responses.request``, ``api.anthropic.request``), not
+validated by a pydantic model, so the request schemas are written here: the fields each route
+checks the type of, and the required ones. The Anthropic routes answer errors in Anthropic's shape (the gate's
 401 / 413 / 503 keep llama-server's).
 """
 

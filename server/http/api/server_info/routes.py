@@ -1,5 +1,5 @@
 """Routes that describe the server: health, ``/props``, ``/models``, ``/slots``, ``/metrics``,
-LoRA adapters (none) and the OpenAPI document."""
+the LoRA adapters (``lora_adapters``) and the OpenAPI document."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 
 from mlxcel.server.http import model_info
-from mlxcel.server.http.openapi import document
+from mlxcel.server.http.api.server_info.lora_adapters import get_lora_adapters, post_lora_adapters
+from mlxcel.server.http.api.server_info.openapi import document
 from mlxcel.server.http.pipeline import read_body
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
-from mlxcel.server.runtime.errors import invalid, not_supported
+from mlxcel.server.runtime.config import ServerConfig
+from mlxcel.server.runtime.errors import not_supported
 
 
 async def health() -> JsonResponse:
@@ -66,21 +68,11 @@ async def metrics(request: Request) -> PlainTextResponse:
                                             "Process-Start-Time-Unix": str(state.metrics.t_start)})
 
 
-async def lora_adapters() -> JsonResponse:
-    return JsonResponse([])
-
-
-async def set_lora_adapters(request: Request) -> JsonResponse:
-    if (await request.body()).strip():
-        await read_body(request)  # a malformed body is refused as on every other route
-    raise invalid("no LoRA adapters are loaded")
-
-
 async def openapi_document() -> JsonResponse:
     return JsonResponse(document())
 
 
-def add_routes(router: APIRouter) -> None:
+def add_routes(router: APIRouter, config: ServerConfig) -> None:
     for path in ("/health", "/v1/health"):
         router.add_api_route(path, health, methods=["GET"])
     router.add_api_route("/props", get_props, methods=["GET"])
@@ -89,6 +81,6 @@ def add_routes(router: APIRouter) -> None:
         router.add_api_route(path, get_models, methods=["GET"])
     router.add_api_route("/slots", get_slots, methods=["GET"])
     router.add_api_route("/metrics", metrics, methods=["GET"])
-    router.add_api_route("/lora-adapters", lora_adapters, methods=["GET"])
-    router.add_api_route("/lora-adapters", set_lora_adapters, methods=["POST"])
+    router.add_api_route("/lora-adapters", get_lora_adapters, methods=["GET"])
+    router.add_api_route("/lora-adapters", post_lora_adapters, methods=["POST"])
     router.add_api_route("/openapi.json", openapi_document, methods=["GET"])

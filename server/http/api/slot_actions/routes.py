@@ -13,6 +13,7 @@ from mlxcel.server.http.pipeline import read_body
 from mlxcel.server.http.sse import JsonResponse
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.runtime import slot_files
+from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.errors import invalid, not_supported
 
 
@@ -50,5 +51,5 @@ async def slot_action(request: Request, id_slot: str) -> JsonResponse:
     raise invalid("Invalid action")
 
 
-def add_routes(router: APIRouter) -> None:
+def add_routes(router: APIRouter, config: ServerConfig) -> None:
     router.add_api_route("/slots/{id_slot}", slot_action, methods=["POST"])

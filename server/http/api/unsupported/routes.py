@@ -1,12 +1,11 @@
-"""Routes of features this server does not have, answered as upstream answers when the feature is
-switched off (501 ``not_supported_error``; 403 ``feature_disabled`` for server tools and the MCP
-proxy)."""
+"""Routes of upstream features this server does not have, answered as upstream answers when the
+feature is switched off: 501 ``not_supported_error``, with what is missing."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter
 
-from mlxcel.server.http.sse import JsonResponse
+from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.errors import not_supported
 
 # upstream routes mlxcel does not implement (yet): (methods, what the 501 says)
@@ -27,13 +26,6 @@ def not_implemented(message: str):
     return refuse
 
 
-async def feature_disabled() -> JsonResponse:
-    """Upstream's answer on ``/tools`` and ``/cors-proxy`` when server tools and the MCP proxy are
-    off (mlxcel has neither): 403 with its own short body."""
-    return JsonResponse({"error": {"message": "this feature is disabled", "type": "feature_disabled"}},
-                        status_code=403)
-
-
-def add_routes(router: APIRouter) -> None:
+def add_routes(router: APIRouter, config: ServerConfig) -> None:
     for path, (methods, message) in NOT_IMPLEMENTED.items():
         router.add_api_route(path, not_implemented(message), methods=list(methods))

@@ -12,7 +12,8 @@ server's CORS headers apply).
 Without an API key the proxy would let any web page the user opens read any URL this machine can
 reach (its localhost services included): so a server with no key serves only requests that cannot
 come from another site's page (``same_origin``; 403 ``permission_error`` otherwise), and says so
-when it starts (``startup_warning``). With a key, the key is the check, as upstream.
+when it starts (``startup_warning``, logged as the route is added). With a key, the key is the
+check, as upstream.
 
 Differences: a bad ``url`` (no host, a port outside 1-65535, a malformed IPv6 address...) is a 400
 ``invalid_request_error`` (upstream: 500) and a target that cannot be reached a 502 error body
@@ -31,10 +32,11 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from mlxcel.server.http.auth import key_checked
-from mlxcel.server.http.routes.unsupported import feature_disabled
-from mlxcel.server.http.same_origin import cross_origin_reason, server_names
+from mlxcel.server.http.api.webui.disabled import feature_disabled
+from mlxcel.server.http.api.webui.same_origin import cross_origin_reason, server_names
+from mlxcel.server.http.gate.auth import key_checked
 from mlxcel.server.http.sse import JsonResponse
+from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.errors import ApiError, invalid
 
 log = logging.getLogger(__name__)
@@ -129,5 +131,10 @@ async def proxy(request: Request) -> Response:
                              background=BackgroundTask(close))
 
 
-def add_routes(router: APIRouter) -> None:
+def add_routes(router: APIRouter, config: ServerConfig) -> None:
+    """The route, and the start-up warning when the proxy is on without an API key (the keys are
+    read only for a server with the proxy on)."""
+    warning = startup_warning(config, bool(config.api_keys())) if config.ui_mcp_proxy else None
+    if warning:
+        log.warning("%s", warning)
     router.add_api_route("/cors-proxy", proxy, methods=["GET", "POST"])

@@ -1,6 +1,6 @@
-"""What ``GET /`` serves: the web chat page shipped in the package (``webui/index.html``), or with
-``--path DIR`` that directory's files instead (``index.html`` for a directory), or nothing with
-``--no-ui`` (404, as upstream).
+"""What ``GET /`` serves: the web chat page shipped in the package (``server/http/webui/index.html``,
+package data of ``mlxcel.server.http``), or with ``--path DIR`` that directory's files instead
+(``index.html`` for a directory), or nothing with ``--no-ui`` (404, as upstream).
 
 The page is one static file, no build step and nothing fetched from elsewhere; its Content
 Security Policy keeps it that way (only this server is reachable from it)."""

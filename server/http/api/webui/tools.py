@@ -20,9 +20,10 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from mlxcel.server.http.api.webui.disabled import feature_disabled
 from mlxcel.server.http.pipeline import read_body
-from mlxcel.server.http.routes.unsupported import feature_disabled
 from mlxcel.server.http.sse import JsonResponse, event, event_stream
+from mlxcel.server.runtime.config import ServerConfig
 from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.tools.builtin import ToolParamError
 from mlxcel.server.tools.io import ToolRuntimeError
@@ -115,6 +116,6 @@ async def _streamed(tool, params: dict):
         worker.add_done_callback(lambda f: f.exception())  # its outcome is in the events, or nobody's
 
 
-def add_routes(router: APIRouter) -> None:
+def add_routes(router: APIRouter, config: ServerConfig) -> None:
     router.add_api_route("/tools", get_tools, methods=["GET"])
     router.add_api_route("/tools", post_tools, methods=["POST"])
