@@ -12,7 +12,7 @@ of ``--reps``; kernel and OpenBLAS threads ``--threads``.
 one built from another commit's ``qmatmul_src``): one ``packed`` arm per build, ``--rounds``
 rounds of child processes alternating between the builds, so that load drifts hit every arm alike.
 A build may carry environment settings for its child, ``NAME=PATH:VAR=VALUE:...`` (e.g.
-``nogc=/tmp/a.so:MLXCEL_GC_FREEZE=0``), so that switches are compared the same way.
+``layers=/tmp/a.so:MLXCEL_FUSED_LAYER=0``), so that switches are compared the same way.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_forward_width.py [-m GGUF] [--threads 1]
     ./scripts/with-blas .venv/bin/python scripts/bench_forward_width.py --builds base=/tmp/a.so,new=/tmp/b.so

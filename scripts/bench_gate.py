@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import time
 
-from mlxcel.server.http.gate import GateMiddleware
+from mlxcel.server.http.gate.middleware import GateMiddleware
 from mlxcel.server.http.state import ServerState
 from mlxcel.server.runtime.config import ServerConfig
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -51,6 +50,7 @@ from mlxcel.engine.cache.recurrent import REPLAY, StateTape
 from mlxcel.engine.decode.plain import generate_tokens
 from mlxcel.engine.decode.speculative import speculative_generate
 from mlxcel.engine.model.loading import load_model
+from mlxcel.engine.platform.settings import set_switches
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.drafter import Drafter
@@ -189,7 +189,7 @@ def bench_loop(target, drafter_dir: Path, n: int, block: int, repeats: int) -> N
             if arm == "plain":
                 tps, tokens = decode_tps(plain)
             else:
-                os.environ["MLXCEL_EXACTNESS_PROBE"] = "pass" if arm == "block" else "fail"
+                set_switches(exactness_probe="pass" if arm == "block" else "fail")
                 drafter = load_model_drafter(drafter_dir, target_vocab_size=target.vocab_size)
                 session = SpeculativeSession(drafter, GREEDY, n_max=block)
                 counters = session.counters

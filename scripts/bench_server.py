@@ -66,19 +66,11 @@ def export_default_model(out: Path) -> Path:
     from mlx_lm.utils import save_config, save_model
 
     from mlxcel.engine.model.loading import load_model
+    from mlxcel.engine.platform import settings
 
     # float weights to export, neither the CPU kernels' packed blocks nor their float32 tiles
-    switches = {"MLXCEL_WEIGHTS": "float32", "MLXCEL_FLOAT_KERNEL": "0"}
-    saved = {k: os.environ.get(k) for k in switches}
-    os.environ.update(switches)
-    try:
+    with settings.switched(weights="float32", float_kernel=False):
         loaded = load_model(None)
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     save_model(out, loaded.model)
     config = dict(loaded.config)
     config.pop("quantization", None)

@@ -237,7 +237,6 @@ def concurrent(args, model_args) -> int:
         "plain": ((), {}),
         "lookup": (spec_args, {}),
         "uncapped": (spec_args, {"MLXCEL_VERIFY_COST": "off"}),
-        "no-quiet": (spec_args, {"MLXCEL_RUN_AHEAD_QUIET": "0"}),
         "ungoverned": ((*spec_args, "--draft-adaptive", "off"), {}),
         "costed": (spec_args, {"MLXCEL_VERIFY_COST": args.cost or "off"}),
         "learned": (spec_args, {"MLXCEL_VERIFY_COST": "learn"}),
@@ -317,9 +316,9 @@ def main() -> int:
     ap.add_argument("--workloads", default=",".join(w for w in WORKLOADS if w not in COPY_MIX_ONLY),
                     help="comma-separated subset of the workloads")
     ap.add_argument("--arms", default=None, help="comma-separated subset of plain,lookup,opt-out (one client); "
-                    "with --concurrent of plain,lookup,uncapped,no-quiet,ungoverned,costed,learned (default plain,lookup,uncapped; "
+                    "with --concurrent of plain,lookup,uncapped,ungoverned,costed,learned (default plain,lookup,uncapped; "
                     "costed: --cost; learned: the cost model learned while serving, MLXCEL_VERIFY_COST=learn; "
-                    "no-quiet: the lookup server with MLXCEL_RUN_AHEAD_QUIET=0; ungoverned: --draft-adaptive off)")
+                    "ungoverned: --draft-adaptive off)")
     ap.add_argument("--cost", default=None, help="with --concurrent: MLXCEL_VERIFY_COST=FIXED_MS,PER_TOKEN_MS for "
                     "the costed arm (the lookup server with that cost model instead of the measured one)")
     ap.add_argument("--trace", default=None, help="with --concurrent: a folder for each server's step trace "

@@ -10,8 +10,8 @@ Arms (each at every ``--threads`` count T):
   ``.cache/llama-server/bin/llama-server``, which is the default here).
 * ``mlxcel``: ``mlxcel-server -np 1`` as it starts by default (float32 weights, OpenBLAS and the
   one-row matmul shim preloaded), with ``OPENBLAS_NUM_THREADS=T``.
-* ``mlxcel-no-sgemv``: the same server with ``MLXCEL_SGEMV=0`` (OpenBLAS's sgemm for every
-  matmul), to show what the shim buys in the same run.
+* ``mlxcel-no-sgemv``: the same server started with OpenBLAS preloaded but not the one-row matmul
+  shim (OpenBLAS's sgemm for every float32 matmul), to show what the shim buys in the same run.
 * ``mlxcel-f32``: the same server with ``MLXCEL_WEIGHTS=float32`` (quantized weights dequantized
   to float32, as before the CPU kernels), to show what the kernels buy in the same run.
 
@@ -185,14 +185,18 @@ def mlx_lm_worker(model: str) -> None:
 
 
 def child_env(threads: int, sgemv: bool, weights: str | None = None) -> dict:
+    """A server's (or worker's) environment: OpenBLAS preloaded, and the one-row matmul shim ahead of
+    it when ``sgemv``."""
     from mlxcel.engine.platform.device import env_with_fast_blas
 
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXCEL_BLAS_PRELOADED", "MLXCEL_WEIGHTS")}
     env["OPENBLAS_NUM_THREADS"] = str(threads)
-    env["MLXCEL_SGEMV"] = "1" if sgemv else "0"
     if weights:
         env["MLXCEL_WEIGHTS"] = weights
-    return env_with_fast_blas(env)
+    env = env_with_fast_blas(env)
+    if not sgemv and "LD_PRELOAD" in env:
+        env["LD_PRELOAD"] = ":".join(p for p in env["LD_PRELOAD"].split(":") if "libmlxcel_sgemv" not in p)
+    return env
 
 
 def tree_path(tree: str) -> str:

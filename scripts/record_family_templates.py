@@ -82,7 +82,7 @@ def record(binary: str, model: str, template: Path, port: int) -> list[dict]:
 def ours(template: str, cases: list[dict]) -> list[str | None]:
     sys.path.insert(0, str(REPO))
     from mlxcel.engine.model.loading import load_model
-    from mlxcel.server.http.chat_template import apply_template, normalize_messages
+    from mlxcel.server.http.chat.template import apply_template, normalize_messages
 
     global _LOADED
     if "_LOADED" not in globals():

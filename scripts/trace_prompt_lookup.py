@@ -32,7 +32,7 @@ def decode_plain(loaded, prompt: str, max_tokens: int) -> tuple[list[int], list[
     from mlxcel.engine.decode.plain import generate_tokens
     from mlxcel.engine.sampling.chain import SamplerChain
     from mlxcel.engine.sampling.params import SamplerParams
-    from mlxcel.server.http.chat_template import apply_template
+    from mlxcel.server.http.chat.template import apply_template
     from mlxcel.server.http.prompts import tokenize_prompt
 
     text = apply_template(loaded.tokenizer, loaded.chat_template, [{"role": "user", "content": prompt}])

@@ -7,6 +7,45 @@ from pathlib import Path
 import pytest
 import tiny_checkpoints
 
+from mlxcel.engine.platform import settings
+
+
+def _read_switches_again() -> None:
+    """The next ``settings()`` call parses the environment (a bad value raises there, not here)."""
+    settings.settings.cache_clear()
+
+
+class SwitchAwareMonkeyPatch(pytest.MonkeyPatch):
+    """pytest's ``monkeypatch``, whose ``setenv`` / ``delenv`` of an ``MLXCEL_*`` variable also make
+    this process read its switches again (``engine/platform/settings.py`` reads them once), so a test
+    that sets one and then loads a model in-process gets what it set, as do the processes it starts."""
+
+    def setenv(self, name: str, value: str, prepend: str | None = None) -> None:
+        super().setenv(name, value, prepend)
+        if name.startswith("MLXCEL_"):
+            _read_switches_again()
+
+    def delenv(self, name: str, raising: bool = True) -> None:
+        super().delenv(name, raising)
+        if name.startswith("MLXCEL_"):
+            _read_switches_again()
+
+
+@pytest.fixture
+def monkeypatch():
+    """pytest's own fixture, switch-aware (above); after the test the switches are read again."""
+    patch = SwitchAwareMonkeyPatch()
+    yield patch
+    patch.undo()
+    _read_switches_again()
+
+
+@pytest.fixture(autouse=True)
+def _settings_follow_the_environment():
+    """Whatever else a test did to the environment, the next test reads its switches afresh."""
+    yield
+    _read_switches_again()
+
 
 @pytest.fixture(scope="session")
 def checkpoints_root(tmp_path_factory) -> Path:

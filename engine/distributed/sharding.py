@@ -21,7 +21,6 @@ its rows, a column-split one a packed linear followed by the same ``all_sum`` ML
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 import mlx.core as mx
@@ -31,6 +30,7 @@ from mlx.nn.layers.distributed import QuantizedAllToShardedLinear, QuantizedShar
 from mlxcel.engine.distributed.world import DistributedError
 from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.packed_modules import PackedLinear, product
+from mlxcel.engine.platform.settings import set_switches, settings
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,10 @@ def parse_tensor_split(value: str | None, n: int) -> list[float] | None:
 
 def unpacked_loading() -> None:
     """Make this process's loaders keep MLX's own linear modules, which ``shard_linear`` can split
-    (quantized ones for the formats MLX runs, float for the rest); already MLX's choice on a GPU."""
-    os.environ.setdefault("MLXCEL_WEIGHTS", "quantized")
+    (quantized ones for the formats MLX runs, float for the rest); already MLX's choice on a GPU.
+    A ``MLXCEL_WEIGHTS`` the user gave stays; the processes this one starts inherit the choice."""
+    if settings().weights is None:
+        set_switches(weights="quantized")
 
 
 def sharder(group: mx.distributed.Group, mode: str, tensor_split: list[float] | None) -> Callable[[nn.Module], None]:

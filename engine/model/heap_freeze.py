@@ -8,20 +8,16 @@ costs ~0 ms. Objects frozen are still freed by reference counting: a model dropp
 ``--sleep-idle-seconds`` (``server/http/sleep.py``) frees its arrays when its last reference
 goes, because the model holds no reference cycles (``tests/engine/model/test_heap_freeze.py``
 checks it). Any cyclic garbage frozen with a model is collected at the next load, which first
-unfreezes and collects. ``MLXCEL_GC_FREEZE=0`` turns it off.
+unfreezes and collects.
 """
 
 from __future__ import annotations
 
 import gc
-import os
 
 
-def freeze_loaded_heap() -> bool:
-    """Collect, then freeze everything alive (after a model load). False when turned off."""
-    if os.environ.get("MLXCEL_GC_FREEZE", "1").lower() in ("0", "false", "no", "off"):
-        return False
+def freeze_loaded_heap() -> None:
+    """Collect, then freeze everything alive (after a model load)."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
-    return True

@@ -9,8 +9,9 @@ and forwards the rest. It is compiled here, at first use, with the system C comp
 per-user cache (no compiler: no shim, everything else unchanged), so no binary ships with the
 package.
 
-``MLXCEL_SGEMV=0`` turns it off. ``python -m mlxcel.engine.platform.blas_shim`` prints the library's
-path (nothing when it cannot be built), which ``scripts/with-blas`` preloads.
+``python -m mlxcel.engine.platform.blas_shim`` prints the library's path (nothing when it cannot
+be built), which ``scripts/with-blas`` preloads; ``set_sgemv`` switches it off and on inside one
+process, for benchmarks that compare both paths.
 """
 
 from __future__ import annotations
@@ -24,25 +25,21 @@ import sys
 import tempfile
 from pathlib import Path
 
+from mlxcel.engine.platform.settings import settings
+
 SOURCE = Path(__file__).with_name("sgemv_shim.c")
 
 
-def enabled(env=None) -> bool:
-    env = os.environ if env is None else env
-    return env.get("MLXCEL_SGEMV", "1").lower() not in ("0", "false", "no", "off")
-
-
 def cache_dir() -> Path:
-    base = os.environ.get("MLXCEL_CACHE_DIR") or os.path.join(
+    base = settings().cache_dir or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "mlxcel")
     return Path(base)
 
 
-def shim_library(env=None) -> str | None:
-    """Path of the built shim (building it on first use), or None when it is turned off (in
-    ``env``, default this process's environment), this is not Linux, the source is missing, or
-    there is no working C compiler."""
-    if not enabled(env) or not sys.platform.startswith("linux") or not SOURCE.exists():
+def shim_library() -> str | None:
+    """Path of the built shim (building it on first use), or None when this is not Linux, the
+    source is missing, or there is no working C compiler."""
+    if not sys.platform.startswith("linux") or not SOURCE.exists():
         return None
     source = SOURCE.read_bytes()
     target = cache_dir() / f"libmlxcel_sgemv-{hashlib.sha256(source).hexdigest()[:16]}.so"

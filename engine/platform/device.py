@@ -27,6 +27,7 @@ from mlxcel.engine.platform.fused_layers import fuse_layers
 from mlxcel.engine.platform.lean_blocks import lean_blocks
 from mlxcel.engine.platform.openblas_core import coretype
 from mlxcel.engine.platform.packed_modules import share_inputs
+from mlxcel.engine.platform.settings import settings, variable
 
 # Debian's libopenblas0-pthread; the first that exists is used.
 OPENBLAS_CANDIDATES = (
@@ -34,7 +35,9 @@ OPENBLAS_CANDIDATES = (
     "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
     "/usr/lib/libopenblas.so.0",
 )
-_PRELOAD_MARK = "MLXCEL_BLAS_PRELOADED"
+_PRELOAD_MARK = variable("blas_preloaded")  # set in a child started with OpenBLAS preloaded
+
+
 def default_blas_threads() -> str:
     """OpenBLAS threads when neither ``OPENBLAS_NUM_THREADS`` nor ``-t`` says: every core this
     process may run on, as llama-server's ``-t`` defaults to the machine's cores. On an otherwise
@@ -62,9 +65,9 @@ def grammar_mask_threads() -> int:
     it: measured on the 2-core box, 8 rows' masks took 35-70 us computed one after another on the
     engine thread (still without the GIL) against 120-900 us through the pool. So on a CPU they are
     computed on the engine thread. ``MLXCEL_GRAMMAR_THREADS=N`` overrides."""
-    forced = os.environ.get("MLXCEL_GRAMMAR_THREADS", "").strip()
-    if forced:
-        return max(1, int(forced))
+    forced = settings().grammar_threads
+    if forced is not None:
+        return forced
     if not on_gpu():
         return 1
     return max(1, int(default_blas_threads()) - 1)
@@ -74,11 +77,9 @@ def keep_quantized_weights() -> bool:
     """Whether quantized checkpoints keep their quantized weights.
 
     ``MLXCEL_WEIGHTS=quantized|float32`` overrides the per-device choice."""
-    forced = os.environ.get("MLXCEL_WEIGHTS", "").lower()
-    if forced in ("quantized", "q", "keep"):
-        return True
-    if forced in ("float32", "f32", "dequantize"):
-        return False
+    forced = settings().weights
+    if forced is not None:
+        return forced == "quantized"
     return on_gpu()
 
 
@@ -86,8 +87,7 @@ def cpu_kernels() -> bool:
     """Whether quantized weights stay packed in their own blocks and run on mlxcel's CPU kernels
     (``qmatmul.py``): on a CPU where the extension is built, unless ``MLXCEL_WEIGHTS`` asks for
     ``float32`` or for MLX's own ``quantized`` modules. Never on Metal or CUDA."""
-    if on_gpu() or os.environ.get("MLXCEL_WEIGHTS", "").lower() in (
-            "quantized", "q", "keep", "float32", "f32", "dequantize"):
+    if on_gpu() or settings().weights is not None:
         return False
     return qmatmul.available()
 
@@ -99,9 +99,9 @@ def float_kernels() -> bool:
     rate here; docs/benchmarks.md "Float32 tiles"). With them the model also takes the packed
     models' graph changes (``prepare_for_decode``). On a CPU where the extension is built and the
     compute dtype is float32; ``MLXCEL_FLOAT_KERNEL=0`` turns it off. Never on Metal or CUDA."""
-    if on_gpu() or _off("MLXCEL_FLOAT_KERNEL") or compute_dtype() != mx.float32:
+    if on_gpu() or not settings().float_kernel or compute_dtype() != mx.float32:
         return False
-    if os.environ.get("MLXCEL_WEIGHTS", "").lower() in ("quantized", "q", "keep"):
+    if settings().weights == "quantized":
         return False  # MLX's own modules asked for: its float layers stay MLX's too
     return qmatmul.available() and hasattr(qmatmul.extension(), "repack_float")
 
@@ -111,10 +111,9 @@ def compute_dtype() -> mx.Dtype:
 
     GPUs keep the checkpoint's half precision; the CPU runs float32 (f16/bf16 matmuls are
     slower than f32 there)."""
-    forced = os.environ.get("MLXCEL_DTYPE", "").lower()
-    if forced:
-        return {"float32": mx.float32, "f32": mx.float32, "float16": mx.float16, "f16": mx.float16,
-                "bfloat16": mx.bfloat16, "bf16": mx.bfloat16}[forced]
+    forced = settings().dtype
+    if forced is not None:
+        return {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}[forced]
     return mx.float16 if on_gpu() else mx.float32
 
 
@@ -125,15 +124,14 @@ def openblas_library() -> str | None:
     return None
 
 
-def preload_libraries(env: dict | None = None) -> list[str]:
+def preload_libraries() -> list[str]:
     """What a Linux CPU process preloads, in order: the one-row matmul shim
-    (``blas_shim.py``; it must come before OpenBLAS to answer ``cblas_sgemm`` first) and
-    OpenBLAS. Empty when OpenBLAS is absent. ``env`` (default: this process's) may turn the
-    shim off with ``MLXCEL_SGEMV=0``."""
+    (``blas_shim.py``; it must come before OpenBLAS to answer ``cblas_sgemm`` first; absent where
+    no C compiler builds it) and OpenBLAS. Empty when OpenBLAS is absent."""
     lib = openblas_library()
     if lib is None:
         return []
-    shim = shim_library(env)
+    shim = shim_library()
     return [shim, lib] if shim else [lib]
 
 
@@ -144,7 +142,7 @@ def env_with_fast_blas(env: dict | None = None) -> dict:
     if not sys.platform.startswith("linux"):
         return env
     present = env.get("LD_PRELOAD", "")
-    libs = preload_libraries(env)
+    libs = preload_libraries()
     missing = [lib for lib in libs if lib not in present]
     if missing:
         env["LD_PRELOAD"] = ":".join(p for p in (*missing, present) if p)
@@ -188,9 +186,7 @@ def reexec_with_fast_blas() -> None:
     preloaded: MLX then resolves its BLAS symbols there instead of the bundled reference BLAS. A
     no-op on macOS, when the library is absent, when already done, or when
     ``MLXCEL_BLAS_PRELOAD=0``."""
-    if not sys.platform.startswith("linux") or os.environ.get(_PRELOAD_MARK):
-        return
-    if os.environ.get("MLXCEL_BLAS_PRELOAD", "1").lower() in ("0", "false", "no", "off"):
+    if not sys.platform.startswith("linux") or settings().blas_preloaded or not settings().blas_preload:
         return
     present = os.environ.get("LD_PRELOAD", "")
     if all(lib in present for lib in preload_libraries()):
@@ -198,10 +194,6 @@ def reexec_with_fast_blas() -> None:
     env = env_with_fast_blas()
     argv = [sys.executable, *sys.orig_argv[1:]] if hasattr(sys, "orig_argv") else [sys.executable, *sys.argv]
     os.execve(sys.executable, argv, env)
-
-
-def _off(name: str) -> bool:
-    return os.environ.get(name, "1").lower() in ("0", "false", "no", "off")
 
 
 # Families whose float models (weights in float32 tiles) also take the fused ops, shared inputs and
@@ -216,24 +208,22 @@ FUSED_FLOAT_TYPES = {"llama", "mistral", "qwen2", "qwen3_next", "qwen3_5", "lfm2
 def prepare_for_decode(model) -> None:
     """Per-device graph changes for decoding, applied once after loading. On a CPU, for a model
     whose weights run on the quantized kernels: norms, rotary embeddings and attention as single
-    primitives (``fused_layers.py``; ``MLXCEL_FUSED_OPS=0`` turns it off), and the q/k/v and gate/up
-    projections of a layer as one product each (``packed_modules.share_inputs``;
-    ``MLXCEL_SHARED_INPUT=0`` turns it off), and with both, llama / qwen2 blocks' forward as one
-    short function over them (``lean_blocks.py``, the same graph with less Python; ``MLXCEL_LEAN_BLOCKS=0``
-    turns it off); otherwise one-token
-    rotary embeddings as one compiled kernel (``compiled_rope.py``; bitwise the same output;
-    ``MLXCEL_COMPILED_ROPE=0`` turns it off). Nothing on Metal or CUDA."""
+    primitives (``fused_layers.py``; ``MLXCEL_FUSED_OPS=0`` turns it off), the q/k/v and gate/up
+    projections of a layer as one product each (``packed_modules.share_inputs``), and with both,
+    llama / qwen2 blocks' forward as one short function over them (``lean_blocks.py``, the same
+    graph with less Python); otherwise one-token rotary embeddings as one compiled kernel
+    (``compiled_rope.py``; bitwise the same output). Nothing on Metal or CUDA."""
     if on_gpu():
         return
     packed = any(name.endswith(".packed") for name, _ in tree_flatten(model.parameters()))
     if packed and getattr(model, "model_type", None) not in FUSED_FLOAT_TYPES and all(
             m._spec[0] == qmatmul.F32 for _, m in model.named_modules() if hasattr(m, "_spec")):
         packed = False  # float tiles only, of a family the fused ops are not checked on: MLX's ops
-    if packed and qmatmul.available() and not _off("MLXCEL_FUSED_OPS"):
-        fuse_layers(model)
-    if packed and qmatmul.available() and not _off("MLXCEL_SHARED_INPUT"):
+    if packed and qmatmul.available():
+        fused = settings().fused_ops
+        if fused:
+            fuse_layers(model)
         share_inputs(model)
-        if not _off("MLXCEL_FUSED_OPS") and not _off("MLXCEL_LEAN_BLOCKS"):
+        if fused:
             lean_blocks(model)
-    if not _off("MLXCEL_COMPILED_ROPE"):
-        compile_decode_rope(model)
+    compile_decode_rope(model)

@@ -9,21 +9,21 @@ clean.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
+from mlxcel.engine.platform.settings import settings
+
 LOGGER_NAME = "mlxcel"
-ENV_VAR = "MLXCEL_LOG"
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
-          "error": logging.ERROR}
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
 def setup_logging_from_env() -> int | None:
     """Install a stderr handler at the level ``MLXCEL_LOG`` names; returns that level, or None
-    when the variable is unset or unrecognised (then nothing is installed)."""
-    level = LEVELS.get(os.environ.get(ENV_VAR, "").strip().lower())
-    if level is None:
+    when the variable is unset (then nothing is installed; ``settings`` refuses an unknown level)."""
+    name = settings().log
+    if name is None:
         return None
+    level = LEVELS[name]
     logger = logging.getLogger(LOGGER_NAME)
     if not any(getattr(h, "_mlxcel", False) for h in logger.handlers):
         handler = logging.StreamHandler(sys.stderr)

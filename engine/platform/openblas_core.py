@@ -19,9 +19,11 @@ starting the process that loads OpenBLAS: the variable is read once, when the li
 
 from __future__ import annotations
 
-import os
 import platform
+from collections.abc import Mapping
 from pathlib import Path
+
+from mlxcel.engine.platform.settings import settings, value_in
 
 _AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 
@@ -37,12 +39,12 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def coretype(env: dict | None = None) -> str | None:
-    """The ``OPENBLAS_CORETYPE`` to start a process with, or None to leave OpenBLAS's choice."""
-    env = os.environ if env is None else env
-    forced = env.get("MLXCEL_OPENBLAS_CORETYPE", "").strip()
-    if forced:
-        return None if forced.lower() == "keep" else forced
+def coretype(env: Mapping[str, str] | None = None) -> str | None:
+    """The ``OPENBLAS_CORETYPE`` to start a process with (whose environment is ``env``, default
+    this process's), or None to leave OpenBLAS's choice."""
+    forced = settings().openblas_coretype if env is None else value_in(env, "openblas_coretype")
+    if forced is not None:
+        return None if forced == "keep" else forced
     if platform.system() != "Linux" or platform.machine() != "x86_64":
         return None
     return "SkylakeX" if _AVX512 <= cpu_flags() else None

@@ -8,7 +8,6 @@ They keep the interface mlx-lm's models call: a linear layer is ``layer(x)``, an
 
 from __future__ import annotations
 
-import os
 import weakref
 
 import mlx.core as mx
@@ -17,18 +16,11 @@ import mlx.nn as nn
 from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.qmatmul import PackedWeight
 
-# The other path for wide products (prefill chunks): dequantize the matrix and use MLX's float32
-# matmul (OpenBLAS sgemm) for calls of at least this many rows. Measured on SmolLM2 (256-token
-# prefill, one thread, docs/benchmarks.md): the kernel 140-144 tok/s, dequantize + sgemm from 64
-# rows 96-110, float32 weights 81; so it is off (0) by default, kept as a switch for CPUs where
-# sgemm is relatively faster. Verify blocks stay on the kernel either way when under it.
-WIDE_ROWS = int(os.environ.get("MLXCEL_WIDE_ROWS", "0"))
-
 
 def product(x: mx.array, w: PackedWeight) -> mx.array:
-    rows = x.size // max(1, x.shape[-1])
-    if WIDE_ROWS and rows >= WIDE_ROWS:
-        return x @ qmatmul.dequantize(w).astype(x.dtype).T
+    """``x @ W.T`` on the kernels, at any width: prefill chunks too (dequantizing for OpenBLAS's
+    sgemm from 64 rows was slower, 96-110 against 140-144 tok/s on a SmolLM2 prefill;
+    docs/benchmarks-history.md)."""
     return qmatmul.qmatmul(x, w)
 
 
@@ -68,8 +60,6 @@ class SharedInput:
             if not outs:
                 self._x = None
             return y
-        if WIDE_ROWS and x.size // max(1, x.shape[-1]) >= WIDE_ROWS:
-            return product(x, member.weight_spec)
         ys = qmatmul.qmatmul_multi_args(x, *self._multi_args())
         self._x, self._outs = x, {j: y for j, y in enumerate(ys) if j != i}
         return ys[i]

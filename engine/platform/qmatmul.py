@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from mlxcel.engine.platform.settings import settings, variable
+
 log = logging.getLogger(__name__)
 
 # ggml type ids; the affine ids are the extension's own.
@@ -44,8 +46,8 @@ def _load():
     if _checked:
         return _ext
     _checked = True
-    if os.environ.get("MLXCEL_CPU_KERNELS", "1").lower() in ("0", "false", "no", "off"):
-        _why = "MLXCEL_CPU_KERNELS=0"
+    if not settings().cpu_kernels:
+        _why = f"{variable('cpu_kernels')}=0"
     else:
         try:
             ext = importlib.import_module("mlxcel.engine.platform._qmatmul")

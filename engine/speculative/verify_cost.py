@@ -72,7 +72,6 @@ one see exactly the caps they saw before.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -82,9 +81,8 @@ import mlx.core as mx
 
 from mlxcel.engine.cache.batch import forward_chunk
 from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan, joinable
-from mlxcel.engine.errors import MlxcelError
+from mlxcel.engine.platform.settings import settings, value_in
 
-COST_ENV = "MLXCEL_VERIFY_COST"
 _MEASURE_ROWS = 2
 _MEASURE_WIDTHS = (1, 8, 16)  # tokens per row in the timed forwards
 _MEASURE_CONTEXT = 32  # tokens each timed row holds
@@ -286,24 +284,14 @@ class LearnedCost:
 
 
 def from_env(environ: Mapping[str, str] | None = None) -> VerifyCost | None | str:
-    """``MLXCEL_VERIFY_COST``: a :class:`VerifyCost` when it gives one, ``"off"`` when it turns the cap
-    off, ``"measured"`` when it asks for the load-time measurement alone, ``"learn"`` when it asks for
-    the measurement learned from while serving, None when unset (measure)."""
-    env = os.environ if environ is None else environ
-    text = env.get(COST_ENV, "").strip().lower()
-    if not text:
-        return None
-    if text in ("off", "0", "none", "no"):
-        return "off"
-    if text in (MEASURED_ONLY, LEARN):
-        return text
-    try:
-        fixed, per_token = (float(x) for x in text.split(","))
-    except ValueError:
-        raise MlxcelError(f"{COST_ENV}={text!r}: expected FIXED_MS,PER_TOKEN_MS (e.g. 25,6.4), measured, learn or off") from None
-    if not (math.isfinite(fixed) and math.isfinite(per_token)) or fixed < 0 or per_token < 0:
-        raise MlxcelError(f"{COST_ENV}={text!r}: both costs must be finite and >= 0")
-    return VerifyCost(fixed, per_token, source="given")
+    """``MLXCEL_VERIFY_COST`` (this process's setting, or as ``environ`` gives it): a
+    :class:`VerifyCost` when it gives one, ``"off"`` when it turns the cap off, ``"measured"`` when it
+    asks for the load-time measurement alone, ``"learn"`` when it asks for the measurement learned
+    from while serving, None when unset (measure)."""
+    value = settings().verify_cost if environ is None else value_in(environ, "verify_cost")
+    if isinstance(value, tuple):
+        return VerifyCost(*value, source="given")
+    return value
 
 
 def measure(model: Any, make_cache: Callable[[], list[Any]], vocab_size: int, *,

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 
+from mlxcel.engine.platform.settings import settings, variable
 from mlxcel.server.http.sse import JsonResponse, dumps
 from mlxcel.server.runtime.errors import ApiError, unavailable
 
@@ -35,15 +35,13 @@ log = logging.getLogger(__name__)
 HEADER_DEADLINE_S = 10.0
 REFUSED_HEADER_S = 2.0
 DEFAULT_MAX_PER_IP = 64
-MAX_PER_IP_ENV = "MLXCEL_MAX_CONNECTIONS_PER_IP"
+MAX_PER_IP_ENV = variable("max_connections_per_ip")
 
 
 def max_per_ip() -> int:
     """The per-address connection limit ``MLXCEL_MAX_CONNECTIONS_PER_IP`` asks for (0: none)."""
-    try:
-        return max(0, int(os.environ.get(MAX_PER_IP_ENV, DEFAULT_MAX_PER_IP)))
-    except ValueError:
-        return DEFAULT_MAX_PER_IP
+    forced = settings().max_connections_per_ip
+    return DEFAULT_MAX_PER_IP if forced is None else forced
 
 
 def header_deadline(timeout: float) -> float:

@@ -1,8 +1,9 @@
 """The console entry points: ``mlxcel {generate,serve}`` and ``mlxcel-server``.
 
-Each one first re-executes the process with OpenBLAS preloaded on a Linux CPU (see
-``engine/platform/device.py``), then imports the command it runs. Bad input ends in one ``error: ...``
-line on stderr and a non-zero exit, never a traceback.
+Each one first checks the ``MLXCEL_*`` switches (``engine/platform/settings.py``), re-executes the
+process with OpenBLAS preloaded on a Linux CPU (see ``engine/platform/device.py``), then imports the
+command it runs. Bad input, a bad switch value included, ends in one ``error: ...`` line on stderr
+and a non-zero exit, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from importlib.metadata import version
 
 from mlxcel.engine.errors import MlxcelError
 from mlxcel.engine.platform.logging_setup import setup_logging_from_env
+from mlxcel.engine.platform.settings import SettingsError, settings
 from mlxcel.server.cli.parser import EXIT_USAGE, CliArgumentParser
 
 EXIT_ERROR = 1
@@ -22,11 +24,19 @@ EXIT_INTERRUPTED = 130
 # MLX is first imported, so the commands (and everything that imports mlx) load only after that.
 
 
-def _prepare_process() -> None:
+def _prepare_process() -> bool:
+    """Check the switches, then re-execute with OpenBLAS and set up logging; False (after the error
+    line) when a switch holds a bad value: the process ends before MLX loads."""
+    try:
+        settings()
+    except SettingsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return False
     from mlxcel.engine.platform.device import reexec_with_fast_blas  # noqa: PLC0415 - defers mlx
 
     reexec_with_fast_blas()
     setup_logging_from_env()
+    return True
 
 
 def run_command(command: Callable[[list[str]], int | None], argv: list[str]) -> int:
@@ -87,7 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if argv[0] not in COMMANDS:
         _top_parser().error(f"unknown command {argv[0]!r}; choose from {', '.join(COMMANDS)}")
-    _prepare_process()
+    if not _prepare_process():
+        return EXIT_USAGE
     command, _ = COMMANDS[argv[0]]
     return run_command(command, argv[1:])
 
@@ -95,7 +106,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def server_main(argv: Sequence[str] | None = None) -> int:
     """``mlxcel-server``: the same as ``mlxcel serve``."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    _prepare_process()
+    if not _prepare_process():
+        return EXIT_USAGE
     return run_command(_serve, argv)
 
 

@@ -14,8 +14,9 @@ from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from mlxcel.engine.distributed.world import DistributedError, world
 from mlxcel.engine.platform.device import set_cpu_threads
+from mlxcel.engine.platform.settings import set_switches
 from mlxcel.server.cli import follower
-from mlxcel.server.cli.connection_guard import MAX_PER_IP_ENV, guarded_protocol, header_deadline, max_per_ip
+from mlxcel.server.cli.connection_guard import guarded_protocol, header_deadline, max_per_ip
 from mlxcel.server.cli.flag_table import EXTENSIONS, FLAGS
 from mlxcel.server.cli.listen import bind, hosts
 from mlxcel.server.http.app import create_app
@@ -64,7 +65,7 @@ def _connection_limits(config: ServerConfig) -> dict:
     connection would leave the guard's count."""
     per_ip = max_per_ip()
     if config.router:  # the children are reached only by this router, over loopback: no limit there
-        os.environ[MAX_PER_IP_ENV] = "0"
+        set_switches(max_connections_per_ip=0)  # they inherit it
     return {"http": guarded_protocol(AutoHTTPProtocol, header_deadline(float(config.timeout)), per_ip),
             "ws": "none"}
 

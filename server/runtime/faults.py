@@ -1,8 +1,8 @@
 """Fault injection for the hardening tests: make the engine thread raise, for real, while it works
 on one marked request, so tests can check what the scheduler does with a failure.
 
-``MLXCEL_FAULT_INJECT=STAGE:MARKER[,STAGE:MARKER...]`` (read once, when the scheduler starts;
-unset in normal use) arms it. A request whose prompt text contains ``MARKER`` raises
+``MLXCEL_FAULT_INJECT=STAGE:MARKER[,STAGE:MARKER...]`` (checked with the other switches at start,
+``engine/platform/settings.py``; unset in normal use) arms it. A request whose prompt text contains ``MARKER`` raises
 :class:`InjectedFault` at ``STAGE``:
 
 - ``prefill``: while its prompt chunk is forwarded (only that request is in that forward);
@@ -15,11 +15,12 @@ real MLX or sampler error would.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-ENV = "MLXCEL_FAULT_INJECT"
-STAGES = ("prefill", "sample", "forward")
+from mlxcel.engine.platform.settings import FAULT_STAGES, settings, variable
+
+ENV = variable("fault_inject")
+STAGES = FAULT_STAGES
 
 
 class InjectedFault(RuntimeError):
@@ -32,17 +33,8 @@ class FaultPlan:
 
     @classmethod
     def from_env(cls) -> FaultPlan | None:
-        spec = os.environ.get(ENV, "")
-        if not spec:
-            return None
-        faults = []
-        for entry in spec.split(","):
-            stage, sep, marker = entry.partition(":")
-            if not sep or stage not in STAGES or not marker:
-                raise ValueError(f"{ENV} must be STAGE:MARKER[,STAGE:MARKER...] with STAGE one of "
-                                 f"{', '.join(STAGES)}, got {spec!r}")
-            faults.append((stage, marker))
-        return cls(tuple(faults))
+        faults = settings().fault_inject
+        return cls(faults) if faults else None
 
     def stage_for(self, prompt_text: str) -> str | None:
         """The stage at which a request with this prompt fails, or None."""

@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING
 import mlx.core as mx
 
 from mlxcel.engine.distributed.collectives import broadcast_bytes, sum_ints
+from mlxcel.engine.platform.settings import settings
 from mlxcel.engine.sampling.random_keys import resolve_seed
 from mlxcel.server.runtime.errors import ApiError, not_supported
 from mlxcel.server.runtime.task import Failed, Task
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-STALL_S = float(os.environ.get("MLXCEL_LOCKSTEP_STALL_S", "120"))  # no engine step for this long: a rank is lost
 STOPPING_STALL_S = 3.0  # the same once the server is asked to stop
 _HEAD = 3  # payload length, stop, rank 0's digest; then one divergence flag per rank
 
@@ -104,13 +104,15 @@ class Leader:
     def _watch(self, sched: Scheduler) -> None:
         """A dead peer usually makes the ring backend fail the next collective, but a collective can
         also wait forever on it. The engine thread steps at least every half second when idle; when
-        it has not for ``STALL_S`` (or for ``STOPPING_STALL_S`` once a signal, such as the one
-        mlx.launch sends every rank when one exits, asks the server to stop), every open request is
-        failed from here and the process ends, since the engine thread cannot be unblocked."""
+        it has not for ``MLXCEL_LOCKSTEP_STALL_S`` seconds (120; or for ``STOPPING_STALL_S`` once a
+        signal, such as the one mlx.launch sends every rank when one exits, asks the server to stop),
+        every open request is failed from here and the process ends, since the engine thread cannot
+        be unblocked."""
+        stall_s = settings().lockstep_stall_s  # no engine step for this long: a rank is lost
         while not self.detached:
             time.sleep(0.25)
             idle = time.monotonic() - self.last_step
-            if idle > STALL_S or (sched._draining and idle > STOPPING_STALL_S):
+            if idle > stall_s or (sched._draining and idle > STOPPING_STALL_S):
                 self.lost(sched, rank_lost(f"no step for {idle:.0f} s: a collective is waiting on a rank that "
                                            "does not answer"))
                 time.sleep(2.0)  # the error events reach their streams

@@ -29,7 +29,6 @@ iteration verifies the block.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass
 
@@ -37,6 +36,7 @@ import mlx.core as mx
 
 from mlxcel.engine.cache.ragged import RaggedBatch
 from mlxcel.engine.decode.step import RaggedRows, Row, RowOutcome
+from mlxcel.engine.platform.settings import settings
 from mlxcel.engine.sampling.batch_select import Draw, pick_draws
 from mlxcel.engine.speculative.block import PreparedRound
 from mlxcel.server.runtime.failures import as_api_error
@@ -44,21 +44,6 @@ from mlxcel.server.runtime.slots import SlotRun
 from mlxcel.server.runtime.task import Failed
 
 log = logging.getLogger(__name__)
-
-RUN_AHEAD_ENV = "MLXCEL_RUN_AHEAD"
-QUIET_ENV = "MLXCEL_RUN_AHEAD_QUIET"  # 0: speculating rows never ride the pipeline (the A/B arm)
-
-
-def enabled() -> bool:
-    return os.environ.get(RUN_AHEAD_ENV, "1").lower() not in ("0", "false", "no", "off")
-
-
-def quiet_enabled() -> bool:
-    return os.environ.get(QUIET_ENV, "1").lower() not in ("0", "false", "no", "off")
-
-
-_QUIET = quiet_enabled()
-
 
 def eligible(run: SlotRun | None) -> bool:
     """Whether a row may decode pipelined: a decoding row whose next token needs nothing the host
@@ -71,7 +56,7 @@ def eligible(run: SlotRun | None) -> bool:
         return False
     if run.spec is None:
         return not run.wants_spec
-    return _QUIET and run.wants_spec and run.spec.quiet_ok
+    return run.wants_spec and run.spec.quiet_ok
 
 
 @dataclass
@@ -135,7 +120,7 @@ class Pipeline:
 
     def __init__(self, stepper):
         self.stepper = stepper
-        self.enabled = enabled()
+        self.enabled = settings().run_ahead  # MLXCEL_RUN_AHEAD=0: never (the benchmarks' other arm)
         self.ahead: Ahead | None = None
 
     @property

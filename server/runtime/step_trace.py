@@ -12,18 +12,17 @@ Off (unset), the scheduler pays one attribute test a step.
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
-TRACE_ENV = "MLXCEL_TRACE_STEPS"
+from mlxcel.engine.platform.settings import settings
 
 
 class StepTrace:
     """Appends one line per step to the file named by ``MLXCEL_TRACE_STEPS`` (nothing when unset)."""
 
     def __init__(self, path: str | None = None):
-        path = os.environ.get(TRACE_ENV, "") if path is None else path
+        path = (settings().trace_steps or "") if path is None else path
         self._file = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (kept open while serving)
         self._lock = threading.Lock()
 

@@ -44,7 +44,7 @@ def _run(lm, fused: bool, monkeypatch) -> tuple[list[mx.array], list, int]:
         calls[0] += 1
         return real(*args)
 
-    monkeypatch.setattr(ragged, "FUSED_LAYER", fused)
+    monkeypatch.setenv("MLXCEL_FUSED_LAYER", "1" if fused else "0")
     monkeypatch.setattr(ragged, "_fused_layer", counted)
     batch = RaggedBatch(lm.model)
     for i, context in enumerate(CONTEXTS):

@@ -1,7 +1,7 @@
 """The lean decoder blocks (``lean_blocks.py``) build the same graph as mlx-lm's blocks over the
 packed / fused modules: logits bitwise the same for a prefill, greedy one-token steps and a block
 forward, on llama and on qwen2 (q/k/v biases, mixed types in a group); what they do not cover
-(a batch cache's per-row offsets, the switch off) goes to mlx-lm's code."""
+(a batch cache's per-row offsets, a model without the fused ops) goes to mlx-lm's code."""
 
 from __future__ import annotations
 
@@ -88,6 +88,7 @@ def test_a_batch_cache_goes_to_mlx_lm(packed):
         assert mx.array_equal(a, b)
 
 
-def test_the_switch_turns_it_off(packed, monkeypatch):
-    monkeypatch.setenv("MLXCEL_LEAN_BLOCKS", "0")
+def test_without_the_fused_ops_no_block_is_lean(packed, monkeypatch):
+    assert _blocks(packed)
+    monkeypatch.setenv("MLXCEL_FUSED_OPS", "0")
     assert not _blocks(load_model(packed.path))

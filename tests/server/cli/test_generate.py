@@ -85,6 +85,17 @@ def test_log_env_installs_a_stderr_handler(tiny_llama_dir):
     assert "INFO" not in proc.stdout and SUMMARY.search(proc.stdout)
 
 
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_a_bad_switch_value_is_one_error_line_before_anything_loads(tiny_llama_dir, command):
+    """Every ``MLXCEL_*`` switch is checked at start (``engine/platform/settings.py``): a value it does
+    not take ends ``mlxcel generate`` and the server with one line naming the variable, exit status 2,
+    before the model (or MLX) loads, whichever switch it is and whatever the command would have done."""
+    args = ["-m", str(tiny_llama_dir)] + (["-p", "hi", "-n", "2"] if command == "generate" else ["--port", "0"])
+    proc = mlxcel(command, *args, env={"MLXCEL_LOCKSTEP_STALL_S": "soon"}, timeout=60)
+    assert_clean_error(proc, "MLXCEL_LOCKSTEP_STALL_S='soon'", "seconds")
+    assert proc.returncode == 2 and proc.stdout == ""
+
+
 @pytest.fixture(scope="module")
 def bad_models(tmp_path_factory, tiny_llama_dir) -> Path:
     root = tmp_path_factory.mktemp("bad-models")

@@ -21,7 +21,8 @@ ARGS = ["-p", "The quick brown fox", "-n", "24", "--no-chat-template", "--ignore
 
 
 def generate(*argv, env=None) -> subprocess.CompletedProcess:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MLXCEL_SPECULATIVE")}
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ("MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT", "MLXCEL_SPECULATIVE_ACCEPT_DIAG")}
     full_env.update(env or {})
     return subprocess.run([MLXCEL, "generate", *argv], capture_output=True, text=True, env=full_env, timeout=120)
 
