@@ -11,13 +11,17 @@ package.
 
 :func:`choose` turns the speculative flags (``--spec-type``, ``--draft-kind``, ``-md``,
 ``--spec-default``) into one kind, exactly as both commands resolve them; ``drafters.drafter_setup.set_up``
-loads what that kind needs (through its loader, ``drafters.loading.load``) once, for both.
+loads what that kind needs (through its loader, ``drafters.loading.load``) once, for both. The n-gram
+kinds (``combines``) may be named together, as upstream allows: they become one :class:`CombinedKind`
+whose rounds ask them in registration order.
 
 Structure, not names: a drafter-only checkpoint (DFlash, DSpark, the Muse Glimmer assistant, a
-NextN MTP assistant) has no embeddings or LM head of its own, so it is never a standalone model.
-It is recognised from its config.json by each kind's own detector (``dflash.structure``,
-``mtp.structure``); :func:`refuse_as_model` refuses such a directory as a target model, naming
-the round loop that runs it (``loading.load_target`` passes it to the engine's loader).
+NextN MTP assistant, EAGLE-3) has no embeddings or LM head of its own (or, for EAGLE-3, no stack
+of target layers to read), so it is never a standalone model. It is recognised from its
+config.json by each kind's own detector (``dflash.structure``, ``mtp.structure``,
+``eagle3.structure``; a GGUF drafter by its architecture, ``gguf_header``); :func:`refuse_as_model`
+refuses such a directory as a target model, naming the round loop that runs it
+(``loading.load_target`` passes it to the engine's loader).
 
 The table is light on purpose: it imports no MLX model code, so the command line is checked, and a
 bad one refused, before anything heavy loads. Loading is ``drafters.loading``.
@@ -28,11 +32,19 @@ from __future__ import annotations
 import importlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mlxcel.drafters.dflash.structure import dflash_family
+from mlxcel.drafters.eagle3.structure import is_eagle3
+from mlxcel.drafters.gguf_header import ARCHITECTURE_KEY, gguf_architecture
+from mlxcel.drafters.lookup.options import (
+    CACHE_BLOCK,
+    NgramCacheOptions,
+    NgramMapOptions,
+    NgramModOptions,
+)
 from mlxcel.drafters.mtp.structure import is_assistant_checkpoint
 from mlxcel.engine.errors import MlxcelError, ModelLoadError
 
@@ -95,6 +107,7 @@ class DrafterKind:
     exact: bool = True  # a request naming it insists on it (False: any checkpoint on its round loop)
     model_based: bool = False  # a network reading the target's hidden states (its class is a ModelDrafter)
     check: Callable[[DrafterKind, DraftModelFlag], DrafterKind] = refuse_draft_model
+    combines: bool = False  # an n-gram kind: several run together (--spec-type a,b), asked in registration order
 
     def drafter_class(self) -> type[Drafter]:
         """The drafter class, imported on first use."""
@@ -122,6 +135,7 @@ def _resolve(target: str):
 
 DFLASH_LOOP = "dflash"
 MTP_LOOP = "mtp"
+EAGLE3_LOOP = "eagle3"
 
 
 # -- each kind's check of -md ---------------------------------------------------------------------
@@ -129,7 +143,8 @@ MTP_LOOP = "mtp"
 
 def _lookup_check(kind: DrafterKind, md: DraftModelFlag) -> DrafterKind:
     if md.given:
-        raise DrafterChoiceError("prompt lookup needs no draft model; drop -md or use --spec-type draft-simple")
+        raise DrafterChoiceError(f"{'prompt lookup' if kind is PROMPT_LOOKUP else kind.name} needs no draft model; "
+                                 "drop -md or use --spec-type draft-simple")
     return kind
 
 
@@ -174,6 +189,21 @@ def _mtp_check(kind: DrafterKind, md: DraftModelFlag) -> DrafterKind:
     return MTP if md.path else INTERNAL_MTP
 
 
+def _eagle3_check(kind: DrafterKind, md: DraftModelFlag) -> DrafterKind:
+    """EAGLE-3 reads its drafter from a local checkpoint directory or GGUF file, recognised by structure."""
+    if not md.path:
+        raise DrafterChoiceError("--spec-type draft-eagle3 needs its drafter: pass -md DIR (an EAGLE-3 checkpoint "
+                                 "directory, or the GGUF llama.cpp converts one to)"
+                                 + ("; -hfd is not read for it" if md.hf else ""))
+    if md.structure is not kind:
+        what = (f"a {md.structure.name} drafter checkpoint" if md.structure
+                else "not an EAGLE-3 drafter (its config.json names no LlamaForCausalLMEagle3 or Eagle3Speculator, "
+                     "no speculators_config for eagle3, no draft_vocab_size with one layer; a GGUF is not of "
+                     "architecture eagle3)")
+        raise DrafterChoiceError(f"--spec-type draft-eagle3: {md.path} is {what}")
+    return kind
+
+
 # -- the table ------------------------------------------------------------------------------------
 
 KINDS: list[DrafterKind] = []  # in registration order; grown in place by register()
@@ -181,8 +211,7 @@ BY_NAME: dict[str, DrafterKind] = {}
 BY_SPEC_TYPE: dict[str, DrafterKind] = {}
 # Upstream's --spec-type names that select no kind here.
 SPEC_TYPE_NONE = "none"
-SPEC_TYPE_REFUSED = {"draft-eagle3": "EAGLE-3 drafters are not implemented in mlxcel; use draft-dflash, draft-mtp, "
-                                     "draft-simple with -md, or ngram-simple"}
+SPEC_TYPE_REFUSED: dict[str, str] = {}  # name -> why (none today)
 SPEC_TYPES: list[str] = [SPEC_TYPE_NONE, *SPEC_TYPE_REFUSED]  # every --spec-type name, the refused ones last
 
 
@@ -201,11 +230,14 @@ def register(kind: DrafterKind) -> DrafterKind:
     return kind
 
 
+# The n-gram kinds (combines=True) are registered in upstream's order of preference: prompt lookup
+# (ngram-simple) first, the others after the model kinds; combined (--spec-type a,b), they are asked in
+# this order and the first that drafts serves the round (lookup.combined).
 PROMPT_LOOKUP = register(DrafterKind(
-    "prompt-lookup", "prompt-lookup", ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"),
+    "prompt-lookup", "prompt-lookup", ("ngram-simple",),
     "copies what followed an earlier occurrence of the last n tokens (no second model)", "--spec-type ngram-simple",
     "none", "mlxcel.drafters.lookup.prompt_lookup:PromptLookupDrafter", "mlxcel.drafters.lookup.source:load_source",
-    default_block=32, check=_lookup_check))
+    default_block=32, check=_lookup_check, combines=True))
 DRAFT_MODEL = register(DrafterKind(
     "draft-model", "draft-model", ("draft-simple",), "a small model sharing the target's vocabulary",
     "--spec-type draft-simple -md FILE", "file", "mlxcel.drafters.draft_model:DraftModelDrafter",
@@ -234,6 +266,33 @@ INTERNAL_MTP = register(DrafterKind(
     "internal-mtp", MTP_LOOP, (), "the target's own multi-token-prediction layers",
     "--draft-kind internal-mtp", "none", "mlxcel.drafters.mtp.drafter:MtpDrafter",
     "mlxcel.drafters.mtp.source:load_network", model_based=True, check=_mtp_check))
+EAGLE3 = register(DrafterKind(
+    "eagle3", EAGLE3_LOOP, ("draft-eagle3",), "an EAGLE-3 drafter: one layer over three of the target's hidden states",
+    "--spec-type draft-eagle3 -md DIR", "dir", "mlxcel.drafters.eagle3.drafter:Eagle3Drafter",
+    "mlxcel.drafters.eagle3.source:load_network", is_eagle3, model_based=True, check=_eagle3_check))
+NGRAM_MAP_K = register(DrafterKind(
+    "ngram-map-k", "ngram-map-k", ("ngram-map-k",),
+    "copies what followed the last n-token key, as many tokens as that key had accepted last time",
+    "--spec-type ngram-map-k", "none", "mlxcel.drafters.lookup.ngram_map:NgramMapKDrafter",
+    "mlxcel.drafters.lookup.source:load_map", default_block=NgramMapOptions().size_m, check=_lookup_check,
+    combines=True))
+NGRAM_MAP_K4V = register(DrafterKind(
+    "ngram-map-k4v", "ngram-map-k4v", ("ngram-map-k4v",),
+    "drafts the continuation that most often followed the last n-token key (up to four kept per key)",
+    "--spec-type ngram-map-k4v", "none", "mlxcel.drafters.lookup.ngram_map:NgramMapK4vDrafter",
+    "mlxcel.drafters.lookup.source:load_map", default_block=NgramMapOptions().size_m, check=_lookup_check,
+    combines=True))
+NGRAM_MOD = register(DrafterKind(
+    "ngram-mod", "ngram-mod", ("ngram-mod",),
+    "chains next-token lookups in one hashed n-gram table the whole server shares",
+    "--spec-type ngram-mod", "none", "mlxcel.drafters.lookup.ngram_mod:NgramModDrafter",
+    "mlxcel.drafters.lookup.source:load_mod", default_block=NgramModOptions().n_max, check=_lookup_check,
+    combines=True))
+NGRAM_CACHE = register(DrafterKind(
+    "ngram-cache", "ngram-cache", ("ngram-cache",),
+    "drafts the most frequent next token of n-gram statistics a slot keeps across its requests (-lcs/-lcd files)",
+    "--spec-type ngram-cache", "none", "mlxcel.drafters.lookup.ngram_cache:NgramCacheDrafter",
+    "mlxcel.drafters.lookup.source:load_cache", default_block=CACHE_BLOCK, check=_lookup_check, combines=True))
 
 
 def kind_names() -> str:
@@ -242,7 +301,10 @@ def kind_names() -> str:
 
 def upstream_type(kind: DrafterKind) -> str:
     """The upstream ``--spec-type`` name a server running ``kind`` answers to (``speculative.types``): its
-    own, else its round loop's; a kind on a loop upstream has no name for answers to its own name."""
+    own, else its round loop's; a kind on a loop upstream has no name for answers to its own name; combined
+    n-gram kinds, their names as the command line gave them, comma-separated (as upstream lists them)."""
+    if isinstance(kind, CombinedKind):
+        return ",".join(kind.spec_types)
     if kind.spec_types:
         return kind.spec_types[0]
     return next((k.spec_types[0] for k in KINDS if k.loop == kind.loop and k.spec_types), kind.name)
@@ -252,9 +314,14 @@ def upstream_type(kind: DrafterKind) -> str:
 
 
 def read_drafter_config(path: str | Path) -> dict:
-    """config.json of a drafter directory; ``{}`` for a single-file (GGUF) drafter or a path
-    without one (loading then reports what is wrong)."""
-    config_file = Path(path).expanduser() / "config.json"
+    """config.json of a drafter directory; for a GGUF file, its architecture as
+    ``{"general.architecture": name}`` (all a structural detector needs of it, read from the header's
+    first keys); ``{}`` for a path with neither (loading then reports what is wrong)."""
+    path = Path(path).expanduser()
+    if path.suffix.lower() == ".gguf" and path.is_file():
+        arch = gguf_architecture(path)
+        return {ARCHITECTURE_KEY: arch} if arch else {}
+    config_file = path / "config.json"
     if not config_file.is_file():
         return {}
     try:
@@ -282,7 +349,7 @@ def refuse_as_model(path: Path, config: dict) -> None:
 
 
 def _loop_title(kind: DrafterKind) -> str:
-    return {DFLASH_LOOP: "DFlash", MTP_LOOP: "MTP"}.get(kind.loop, kind.loop)
+    return {DFLASH_LOOP: "DFlash", MTP_LOOP: "MTP", EAGLE3_LOOP: "EAGLE-3"}.get(kind.loop, kind.loop)
 
 
 # -- choosing a kind from the flags ---------------------------------------------------------------
@@ -325,9 +392,6 @@ def choose(*, spec_types: list[str] | tuple[str, ...] = (), draft_kind: str | No
         if t not in BY_SPEC_TYPE:
             raise DrafterChoiceError(f"--spec-type {t!r}: unknown type (choose from {', '.join(SPEC_TYPES)})")
         name(BY_SPEC_TYPE[t], f"--spec-type {t}")
-        if BY_SPEC_TYPE[t] is PROMPT_LOOKUP and t != PROMPT_LOOKUP.spec_types[0]:
-            notes.append(f"--spec-type {t} is served by prompt lookup (ngram-simple): same output, "
-                         "possibly different speed")
     if draft_kind:
         kind = BY_NAME.get(draft_kind.strip().lower())
         if kind is None:
@@ -346,20 +410,70 @@ def choose(*, spec_types: list[str] | tuple[str, ...] = (), draft_kind: str | No
             named[DRAFT_MODEL.loop] = DRAFT_MODEL
             notes.append("-md without --spec-type: drafting with the draft model (draft-simple); upstream would "
                          "load it and never draft")
-    if len(named) > 1:
-        raise DrafterChoiceError(f"one drafter at a time: the flags ask for {' and '.join(sorted(named))}")
     if not named:
         return None
-    (kind,) = named.values()
+    kind = _one_kind(list(named.values()), spec_types)
     kind = kind.checked(DraftModelFlag(draft_model, draft_hf, structure))
     return Choice(kind, draft_model=draft_model, draft_hf=draft_hf, notes=tuple(notes))
 
 
+def _one_kind(named: list[DrafterKind], spec_types: list[str] | tuple[str, ...]) -> DrafterKind:
+    """The kind the named ones make: the one named, or several n-gram kinds combined."""
+    if len(named) == 1:
+        return named[0]
+    if not all(k.combines for k in named):
+        raise DrafterChoiceError(f"one drafter at a time: the flags ask for {' and '.join(sorted(k.loop for k in named))} "
+                                 f"(only the n-gram types combine: {', '.join(combinable_types())})")
+    return combine(named, spec_types)
+
+
+def combinable_types() -> list[str]:
+    """The --spec-type names that may be given together, in the order a combination asks them."""
+    return [t for k in KINDS if k.combines for t in k.spec_types]
+
+
+@dataclass(frozen=True)
+class CombinedKind(DrafterKind):
+    """Several n-gram kinds on one server, as upstream runs ``--spec-type a,b``: every round asks them in
+    registration order (upstream's preference: ngram-simple, map-k, map-k4v, mod, cache) and the first
+    that drafts serves it (``lookup.combined``). Made by :func:`choose`, never registered; its loader
+    loads every member through the member's own loader and hands the sources to its ``load``."""
+
+    members: tuple[DrafterKind, ...] = ()
+
+    def loader(self) -> Callable[[SourceRequest], DrafterSource]:
+        join = _resolve(self.load)
+
+        def load(request: SourceRequest) -> DrafterSource:
+            return join([m.loader()(replace(request, drafter=m.drafter_class(), default_block=m.default_block))
+                         for m in self.members])
+        return load
+
+
+def combine(kinds: list[DrafterKind], spec_types: list[str] | tuple[str, ...] = ()) -> CombinedKind:
+    """``kinds`` (n-gram kinds) as one: members in registration order; its ``spec_types`` are the names
+    ``spec_types`` gave, in that order, then any member's not given there (one named by --draft-kind)."""
+    members = tuple(sorted(set(kinds), key=KINDS.index))
+    given = [t for t in dict.fromkeys(spec_types) if BY_SPEC_TYPE.get(t) in members]
+    types = (*given, *(m.spec_types[0] for m in members if not set(m.spec_types) & set(given)))
+    return CombinedKind(
+        "+".join(m.name for m in members), "+".join(m.loop for m in members), types,
+        "the first of " + ", ".join(types) + " that drafts, each round", "--spec-type " + ",".join(types), "none",
+        "mlxcel.drafters.lookup.combined:CombinedDrafter", "mlxcel.drafters.lookup.combined:combine_sources",
+        check=_lookup_check, combines=True, members=members)
+
+
 @dataclass(frozen=True)
 class LookupOptions:
-    """Prompt lookup's settings: n-gram bounds, and whether the server's governor runs."""
+    """The n-gram kinds' settings: prompt lookup's n-gram bounds, block and whether the server's governor
+    runs; each upstream n-gram type's own parameters (``--spec-ngram-*``, ``-lcs`` / ``-lcd``)."""
 
     ngram_min: int = LOOKUP_NGRAM_MIN
     ngram_max: int = LOOKUP_NGRAM_MAX
     governed: bool = False  # the server's pause policy (drafters.lookup.governor); off: the CLI's
     adaptive: bool = True
+    block: int | None = None  # prompt lookup's block cap (--spec-ngram-simple-size-m); None: the kind's
+    map_k: NgramMapOptions = NgramMapOptions()
+    map_k4v: NgramMapOptions = NgramMapOptions()
+    mod: NgramModOptions = NgramModOptions()
+    cache: NgramCacheOptions = NgramCacheOptions()

@@ -35,11 +35,15 @@ layers keep the per-row path (see :func:`joinable`). Pure MLX, synchronous.
 
 :class:`StepPlan` is the iteration's work as plain data (row keys and their tokens), so that what
 one iteration forwards can be logged, counted and sent elsewhere (another rank) as it is.
+
+LoRA: each row brings its adapter scales (``StepPlan.adapters``); the forward lays them out per flat
+token (``model.lora_linear.flat_scales``) and the head sees those of the positions it projects, so
+rows with different adapter mixes share the forward, each row's delta computed with its own scales by
+kernels that round a row the same at any height (``lora_linear``'s exactness note).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,9 +52,10 @@ import mlx.core as mx
 from mlx_lm.models.base import scaled_dot_product_attention
 from mlx_lm.models.cache import KVCache
 
-from mlxcel.engine.platform import packed_modules
+from mlxcel.engine.model.lora_linear import active_scales, flat_scales, row_scales, scales_at
 from mlxcel.engine.platform.lean_blocks import BlockPlan, output_and_mlp, qkv_products
 from mlxcel.engine.platform.ragged_ops import ragged_attention, rope_positions, runs_fused
+from mlxcel.engine.platform.settings import settings
 
 _STEP = 256  # capacity grows in multiples of this many positions, as mlx-lm's KVCache does
 # An emptied batch keeps its keys and values (every layer's, together) up to this size, so that the
@@ -64,20 +69,24 @@ class StepPlan:
     tokens it feeds (``tokens[i]``: a verify block ``[pending, d_0 .. d_{k-1}]``, one token, or a
     prefill chunk), the absolute position of the first of them (``positions[i]``: the row's cache
     length) and how many of its last positions need logits (``logits[i]``: all of a verify block,
-    one for a decode step or a prompt's last chunk, none for a chunk inside a prompt)."""
+    one for a decode step or a prompt's last chunk, none for a chunk inside a prompt), and its LoRA
+    scales (``adapters[i]``, one per adapter; empty: the base model)."""
 
     rows: list[Hashable] = field(default_factory=list)
     tokens: list[list[int]] = field(default_factory=list)
     positions: list[int] = field(default_factory=list)
     logits: list[int] = field(default_factory=list)
+    adapters: list[tuple[float, ...]] = field(default_factory=list)
 
-    def add(self, row: Hashable, tokens: Sequence[int], position: int, logits: int | None = None) -> None:
+    def add(self, row: Hashable, tokens: Sequence[int], position: int, logits: int | None = None,
+            adapters: Sequence[float] = ()) -> None:
         """``logits``: how many of the row's last positions get logits (None: every one)."""
         self.rows.append(row)
         self.tokens.append([int(t) for t in tokens])
         self.positions.append(int(position))
         n = len(self.tokens[-1])
         self.logits.append(n if logits is None else max(0, min(int(logits), n)))
+        self.adapters.append(tuple(float(s) for s in adapters))
 
     @property
     def width(self) -> int:
@@ -259,6 +268,7 @@ class RaggedBatch:
         self.rows: list[Hashable] = []
         self.cache: list[RaggedKVCache] | None = None
         self._kind: tuple[bool, bool] | None = None  # (packable, runs_fused), read at the first forward
+        self.adapters: dict[Hashable, tuple[float, ...]] = {}  # each row's LoRA scales at its last forward
 
     def _model_kind(self) -> tuple[bool, bool]:
         if self._kind is None:
@@ -301,6 +311,8 @@ class RaggedBatch:
         out = {r: [layer.extract_row(self.rows.index(r)) for layer in self.cache] for r in rows}
         mx.eval([[layer.state for layer in c] for c in out.values()])
         keep = [i for i, r in enumerate(self.rows) if r not in out]
+        for r in out:
+            self.adapters.pop(r, None)
         # The last rows leaving keep the layers' keys and values when they are small: when a burst of
         # requests arrives, its rows join one by one, and places doubled at the second, third and fifth
         # (each doubling a copy into freshly faulted memory, every layer): 8 SmolLM2 rows of 60 cached
@@ -351,9 +363,11 @@ class RaggedBatch:
         for t in tokens:
             starts.append(starts[-1] + len(t))
         wanted = [list(range(starts[i] + c - n, starts[i] + c)) for i, (c, n) in enumerate(zip(counts, plan.logits))]
+        adapters = self._row_adapters(plan)
         if flat_packed:
             picks = [j for w in wanted for j in w]
-            flat = _packed_forward(self.model, tokens, self.cache, picks, fused=fused)  # caches written even with no head
+            with active_scales(flat_scales(adapters, [len(t) for t in tokens])):
+                flat = _packed_forward(self.model, tokens, self.cache, picks, fused=fused)  # caches written even with no head
             logits, at = [], 0
             for w in wanted:
                 logits.append(flat[at:at + len(w)] if w else None)
@@ -361,12 +375,22 @@ class RaggedBatch:
         else:
             width = max(len(t) for t in tokens)
             x = mx.array([t + [0] * (width - len(t)) for t in tokens], dtype=mx.int32)
-            padded = self.model(x, cache=self.cache)
+            with active_scales(row_scales(adapters)):
+                padded = self.model(x, cache=self.cache)
             logits = [padded[i, c - n:c] if n else None for i, (c, n) in enumerate(zip(counts, plan.logits))]
         for layer in self.cache:
             layer.advance(counts)
         mx.async_eval([x for x in logits if x is not None], [layer.state for layer in self.cache])
         return logits
+
+    def _row_adapters(self, plan: StepPlan) -> list[tuple[float, ...]]:
+        """Each row's LoRA scales for this forward (a waiting row's padding token runs at its last
+        ones, harmlessly: it is written past the row's end); remembered for :meth:`step`."""
+        adapters = plan.adapters if len(plan.adapters) == len(plan.rows) else [()] * len(plan.rows)
+        for row, tokens, scales in zip(plan.rows, plan.tokens, adapters):
+            if tokens:
+                self.adapters[row] = scales
+        return [self.adapters.get(row, ()) for row in plan.rows]
 
     def step(self, ids: mx.array) -> mx.array:
         """One decode step of every row (in ``self.rows`` order) over ``ids`` (int32 ``[len(rows)]``,
@@ -374,7 +398,8 @@ class RaggedBatch:
         logits ``[len(rows), V]``, queued. Only where :attr:`fused`: there it is exactly
         :meth:`forward` of a plan giving each row its one token and asking for its logits, built
         before the tokens are known (what lets a caller queue step n + 1 before reading step n's
-        tokens, as ``decode.plain.generate_tokens`` does)."""
+        tokens, as ``decode.plain.generate_tokens`` does). Each row runs at the LoRA scales of its
+        last forward (the rows of a pipelined step are those of the forward before it)."""
         if not self.fused:
             raise ValueError("a step over lazy tokens needs the fused CPU ops (RaggedBatch.fused)")
         b = len(self.rows)
@@ -382,7 +407,8 @@ class RaggedBatch:
             raise ValueError(f"ids of shape {ids.shape} for {b} rows")
         for layer in self.cache:
             layer.begin([1] * b)
-        logits = _packed_forward(self.model, [[0]] * b, self.cache, list(range(b)), ids=ids, fused=True)
+        with active_scales(flat_scales([self.adapters.get(row, ()) for row in self.rows], [1] * b)):
+            logits = _packed_forward(self.model, [[0]] * b, self.cache, list(range(b)), ids=ids, fused=True)
         for layer in self.cache:
             layer.advance([1] * b)
         mx.async_eval(logits, [layer.state for layer in self.cache])
@@ -451,7 +477,7 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
     h = inner.embed_tokens(mx.array([flat_tokens], dtype=mx.int32) if ids is None
                            else ids.astype(mx.int32).reshape(1, n))  # [1, N, H]
     for layer, c in zip(inner.layers, cache):
-        plan = getattr(layer, "_plan", None) if fused and not packed_modules.WIDE_ROWS else None
+        plan = getattr(layer, "_plan", None) if fused else None
         if plan is not None:
             h = _lean_layer(plan, h, c, n, rows_idx, pos_idx)
             continue
@@ -479,21 +505,25 @@ def _packed_forward(model, tokens: list[list[int]], cache: list[RaggedKVCache], 
     if not picks:
         return None
     lone = len(picks) == 1 and not fused
-    h = mx.take(h[0], mx.array(picks + picks if lone else picks, dtype=mx.int32), axis=0)[None]
+    picked = mx.array(picks + picks if lone else picks, dtype=mx.int32)
+    h = mx.take(h[0], picked, axis=0)[None]
     h = inner.norm(h)
     if getattr(model.args, "tie_word_embeddings", False):
         out = inner.embed_tokens.as_linear(h)[0]
     else:
-        out = model.lm_head(h)[0]
+        with scales_at(picked):  # an adapted head: the LoRA scales of the positions it projects
+            out = model.lm_head(h)[0]
     return out[:1] if lone else out
 
 
 def _lean_layer(plan: BlockPlan, h: mx.array, c: RaggedKVCache, n: int, rows_idx: mx.array, pos_idx: mx.array) -> mx.array:
     """One swapped block (``lean_blocks.LeanBlock._plan``) of :func:`_packed_forward` on the fused ops:
     op for op what its modules run there (norm, the q/k/v product, per-token rope, the cache write,
-    the ragged attention, o, residual, norm, gate/up, SwiGLU, down, residual), without the module calls."""
+    the ragged attention, o, residual, norm, gate/up, SwiGLU, down, residual), without the module calls.
+    As the extension's two layer primitives (:func:`_fused_layer`) unless ``MLXCEL_FUSED_LAYER=0`` asks
+    for the separate ones (the comparison the tests and benchmarks make)."""
     ext = plan.ext
-    if FUSED_LAYER and hasattr(ext, "cache_write"):
+    if settings().fused_layer and hasattr(ext, "cache_write"):
         return _fused_layer(plan, h, c, rows_idx, pos_idx)
     q, k, v = qkv_products(plan, h)
     q = ext.rope_positions(q.reshape(n, plan.n_heads, -1), pos_idx, *plan.rope)
@@ -502,11 +532,6 @@ def _lean_layer(plan: BlockPlan, h: mx.array, c: RaggedKVCache, n: int, rows_idx
     keys, values = c.head_major()
     a = ext.ragged_attention(q, keys, values, rows_idx, pos_idx, plan.scale)
     return output_and_mlp(plan, h, a.reshape(1, n, -1))
-
-
-# ``MLXCEL_FUSED_LAYER=0``: the ragged forward's planned layers run their separate primitives
-# (the comparison the tests and benchmarks make) instead of the two layer primitives.
-FUSED_LAYER = os.environ.get("MLXCEL_FUSED_LAYER", "1").lower() not in ("0", "false", "no", "off")
 
 
 def _fused_layer(plan: BlockPlan, h: mx.array, c: RaggedKVCache, rows_idx: mx.array, pos_idx: mx.array) -> mx.array:

@@ -5,7 +5,9 @@ pending token, or a verify block ``[pending, *drafts]``), and what is decided fr
 produce: the next token (:class:`Sampling`: its sampler chain, history, seed and grammar, or the token
 a reasoning budget forces), or a verify round's acceptance (:class:`Verify`: its speculative session
 and the prepared block). A row of a drafter that reads the target's hidden states names the layers
-to keep (``features``).
+to keep (``features``). A row of a model with LoRA adapters carries its scales (``adapters``, one per
+adapter): each backend lays them out for its forward's tokens (``model.lora_linear``), so rows with
+different adapter mixes share one forward.
 
 :func:`run_step` runs a step on a :class:`Backend`, the place the rows' caches live:
 
@@ -40,6 +42,7 @@ import mlx.core as mx
 from mlxcel.engine.cache.batch import DecodeBatch, last_position_logits
 from mlxcel.engine.cache.kv_cache import rewind as rewind_cache
 from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan
+from mlxcel.engine.model.lora_linear import active_scales, row_scales, uniform_scales
 from mlxcel.engine.sampling.batch_select import Draw, select_draws
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher, allowed_rows, fill_masks
@@ -103,6 +106,7 @@ class Row:
     verify: Verify | None = None
     features: tuple[int, ...] | None = None  # hidden-state layers to keep (a model drafter's row)
     logits: int | None = None
+    adapters: tuple[float, ...] = ()  # the row's LoRA scales, one per adapter (none: the base model)
 
     @property
     def wanted(self) -> int:
@@ -160,7 +164,7 @@ class RaggedRows:
         for key in self.batch.rows:
             row = by_key.get(key)
             plan.add(key, row.tokens if row is not None else [], self.batch.length(key),
-                     logits=row.wanted if row is not None else 0)
+                     logits=row.wanted if row is not None else 0, adapters=row.adapters if row is not None else ())
         return plan
 
     def forward(self, rows: Sequence[Row]) -> list[Forwarded]:
@@ -183,7 +187,8 @@ class BatchCacheRows:
         by_key = {row.key: row for row in rows}
         if set(by_key) != set(self.batch.rows) or any(len(r.tokens) != 1 for r in rows):
             raise ValueError("a batch-cache step feeds one token to every row of the batch")
-        logits = self.batch.queue_step([by_key[key].tokens[0] for key in self.batch.rows])
+        with active_scales(row_scales([by_key[key].adapters for key in self.batch.rows])):
+            logits = self.batch.queue_step([by_key[key].tokens[0] for key in self.batch.rows])
         at = {key: j for j, key in enumerate(self.batch.rows)}
         return [Forwarded(logits[at[row.key]][None]) for row in rows]
 
@@ -205,24 +210,25 @@ class OwnCaches:
     def forward(self, rows: Sequence[Row]) -> list[Forwarded]:
         out = []
         for row in rows:
-            cache = self.caches[row.key]
             if row.verify is not None:
                 out.append(Forwarded())  # the session's own round forwards (run_step)
                 continue
-            if row.features is not None:
-                logits, part = chunk_with_features(self.model, row.tokens, cache, row.features)
-                out.append(Forwarded(logits[None], part.compact()))
-                continue
-            x = row.tokens if isinstance(row.tokens, mx.array) else mx.array(list(row.tokens), dtype=mx.int32)
-            if row.wanted:
-                logits = last_position_logits(self.model, x[None], cache)[None]
-                mx.async_eval(logits, [c.state for c in cache])
-            else:
-                self.model(x[None], cache=cache)
-                logits = None
-                mx.async_eval([c.state for c in cache])
-            out.append(Forwarded(logits))
+            with active_scales(uniform_scales(row.adapters)):
+                out.append(self._forward(row, self.caches[row.key]))
         return out
+
+    def _forward(self, row: Row, cache: list[Any]) -> Forwarded:
+        if row.features is not None:
+            logits, part = chunk_with_features(self.model, row.tokens, cache, row.features)
+            return Forwarded(logits[None], part.compact())
+        x = row.tokens if isinstance(row.tokens, mx.array) else mx.array(list(row.tokens), dtype=mx.int32)
+        if row.wanted:
+            logits = last_position_logits(self.model, x[None], cache)[None]
+            mx.async_eval(logits, [c.state for c in cache])
+            return Forwarded(logits)
+        self.model(x[None], cache=cache)
+        mx.async_eval([c.state for c in cache])
+        return Forwarded()
 
     def rewind(self, key: Hashable, n: int) -> None:
         rewind_cache(self.caches[key], n)
@@ -310,7 +316,8 @@ def _own_round(backend: Backend, row: Row, out: RowOutcome) -> None:
     """A session that verifies on the row's own cache (``Verify`` with no block)."""
     v = row.verify
     try:
-        out.round = v.session.round(backend.model, backend.caches[row.key], v.chain, v.sequence, v.room)
+        with active_scales(uniform_scales(row.adapters)):  # the target's forwards of the round
+            out.round = v.session.round(backend.model, backend.caches[row.key], v.chain, v.sequence, v.room)
         out.features = out.round.kept_features
     except Exception as exc:
         out.error = exc

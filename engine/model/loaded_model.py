@@ -10,6 +10,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from mlxcel.engine.model.lora_set import AdapterSet
+
 
 @dataclass
 class LoadedModel:
@@ -26,6 +28,7 @@ class LoadedModel:
     name: str = ""
     chat_template: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    adapters: AdapterSet | None = None  # LoRA adapters (engine.model.lora), None without --lora
 
     @property
     def vocab_size(self) -> int:

@@ -8,13 +8,13 @@ ops per layer. :class:`LeanBlock` builds the same graph, op for op and in the sa
 primitives, same inputs, so bitwise the same outputs), from attributes read once when the block
 is swapped; whatever its fast path does not cover goes to mlx-lm's own ``__call__``, unchanged:
 a cache other than a list of plain per-layer caches with an integer offset (the batch caches'
-per-row offsets, a quantized cache), an attention mask array, no cache, inputs that are not
-float32, or ``MLXCEL_WIDE_ROWS`` products.
+per-row offsets, a quantized cache), an attention mask array, no cache, or inputs that are not
+float32.
 
 Only the exact classes in ``_BLOCKS`` are swapped (their ``__call__``s are the same few lines),
 and only when each piece is the packed / fused kind; the parameter tree is untouched (the
-block's class changes to a subclass, nothing is renamed). ``MLXCEL_LEAN_BLOCKS=0`` turns it off
-(``device.prepare_for_decode``).
+block's class changes to a subclass, nothing is renamed). ``device.prepare_for_decode`` swaps them
+wherever the fused ops are on.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxcel.engine.platform import packed_modules, qmatmul
+from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.fused_layers import FusedRMSNorm, FusedRoPE
 from mlxcel.engine.platform.packed_modules import PackedLinear
 
@@ -67,7 +67,7 @@ class LeanBlock:
         plan = self._plan
         if (plan is None or cache is None or not isinstance(cache.offset, int) or hasattr(cache, "bits")
                 or not (mask is None or isinstance(mask, str) and mask == "causal") or x.dtype != mx.float32
-                or x.ndim != 3 or packed_modules.WIDE_ROWS):
+                or x.ndim != 3):
             return super().__call__(x, mask, cache)
         ext, rope = plan.ext, plan.rope
         B, L, _ = x.shape

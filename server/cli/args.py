@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping
 
@@ -26,7 +27,28 @@ from mlxcel.server.runtime.config import ArgumentError, ServerConfig
 
 log = logging.getLogger(__name__)
 
-_TYPES = {"str": str, "int": int, "float": float}
+def _lora_files(value: str) -> list[tuple[str, float]]:
+    """``--lora FNAME[,FNAME...]``: each adapter at scale 1."""
+    return [(name, 1.0) for name in (part.strip() for part in value.split(",")) if name]
+
+
+def _lora_scaled(value: str) -> list[tuple[str, float]]:
+    """``--lora-scaled FNAME:SCALE[,...]`` (the last colon splits, so a path may hold colons)."""
+    out = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        name, sep, scale = item.rpartition(":")
+        try:
+            if not sep or not name or not math.isfinite(float(scale)):
+                raise ValueError(item)
+            out.append((name, float(scale)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"lora-scaled format: FNAME:SCALE (got {item!r})") from None
+    return out
+
+
+_TYPES = {"str": str, "int": int, "float": float, "lora": _lora_files, "lora_scaled": _lora_scaled}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -134,6 +156,8 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
             raise ArgumentError(f"{name} is not supported by mlxcel-server: {flag.note}")
         else:  # ignored / planned
             config.notes.append(f"{name}: {flag.note} (ignored)")
+    # --lora and --lora-scaled append to one list, in command-line order: adapter ids are places in it
+    config.lora_adapters = [pair for group in ns.get("lora_adapters") or [] for pair in group]
     if config.api_prefix:
         config.api_prefix = "/" + config.api_prefix.strip("/") if config.api_prefix.strip("/") else ""
     if config.parallel == 0 or config.parallel < -1:

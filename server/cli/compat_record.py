@@ -55,16 +55,21 @@ ROUTES: list[tuple[str, str, str, str]] = [
      "safetensors), not upstream's binary state, so files do not move between the two servers; 501 without the flag; "
      "errors name the file, never the server's directory"),
     ("GET", "/metrics", "supported", "501 without --metrics; upstream's metric names"),
-    ("GET", "/lora-adapters", "supported", "always [] (no adapters)"),
-    ("POST", "/lora-adapters", "refused", "400: no LoRA adapters are loaded"),
+    ("GET", "/lora-adapters", "supported", "the --lora / --lora-scaled adapters: id, path, scale (global), task_name, "
+     "prompt_prefix; [] without any"),
+    ("POST", "/lora-adapters", "divergent", "sets the listed adapters' global scales and the others' to 0, "
+     "{\"success\": true}, as upstream; an entry that is not {id, scale} or names no loaded adapter is a 400 "
+     "(upstream ignores it)"),
     ("POST", "/embedding", "supported", "with --embeddings: [{index, embedding: [[...]]}] (every token's row with "
      "pooling none); input/content in any prompt form, OpenAI content parts; embd_normalize; 501 without the flag"),
     ("POST", "/embeddings", "aliased", "/embedding"),
     ("POST", "/v1/embeddings", "supported", "with --embeddings: OpenAI list shape, encoding_format float|base64, "
-     "usage; pooling none is 400 as upstream; encoder-only (BERT-family) checkpoints are refused at load"),
+     "usage; pooling none is 400 as upstream; BERT-family GGUF encoders (bert, nomic-bert, jina-bert-v2) run on "
+     "mlxcel's own encoder; other encoder architectures and XLM-RoBERTa's Unigram vocabulary are refused at load"),
     ("POST", "/rerank", "supported", "with --reranking: the model's rank head (GGUF cls.* tensors, or a "
-     "Qwen3-Reranker directory's yes/no rows), or without one, as upstream, the first component of the last hidden "
-     "state (a warning at startup); Jina shape (results, relevance_score) or TEI (texts, score, return_text), top_n"),
+     "Qwen3-Reranker directory's yes/no rows) on the last token's hidden state (a decoder) or the first's (an "
+     "encoder), or without one, as upstream, that state's first component (a warning at startup); Jina shape "
+     "(results, relevance_score) or TEI (texts, score, return_text), top_n"),
     ("POST", "/reranking", "aliased", "/rerank"),
     ("POST", "/v1/rerank", "aliased", "/rerank"),
     ("POST", "/v1/reranking", "aliased", "/rerank"),
@@ -114,9 +119,14 @@ ROUTES: list[tuple[str, str, str, str]] = [
     ("POST", "/predict", "supported", "only with AIP_MODE=PREDICTION (Google Cloud Vertex AI), as upstream: "
      "AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE and AIP_HTTP_PORT honoured; instances dispatched by @requestFormat"),
     ("GET", "/models/sse", "supported", "router mode only (no model; --models-dir / --models-preset): the models' status events"),
-    ("POST", "/models", "refused", "router mode only: 501, models are not downloaded (upstream downloads from the hub)"),
-    ("DELETE", "/models", "divergent", "router mode only: only downloaded cache models are removable upstream and none are "
-     "listed here, so 400 (not removable) / 404 (unknown), where upstream answers 500"),
+    ("POST", "/models", "divergent", "router mode only: upstream's body ({\"model\": \"<user>/<model>[:quant]\"}) and "
+     "answer ({\"success\": true}); the files are chosen as -hf chooses them before the answer, so a bad name, a "
+     "missing quant (the message lists the repository's) or an unknown repository is 400 and an unreachable hub 503, "
+     "where upstream answers 500; the model is then listed (source cache, downloading, then unloaded) while the files "
+     "come into the Hugging Face cache (download_progress / download_finished / download_failed on /models/sse), "
+     "until the router stops; a download cannot be cancelled"),
+    ("DELETE", "/models", "divergent", "router mode only: upstream removes a downloaded cache model; here the models "
+     "POST /models adds are not removable, so 400 (not removable) / 404 (unknown), where upstream answers 500"),
     ("POST", "/models/load", "supported", "router mode only: starts the model's child server (evicting the LRU idle one "
      "at --models-max)"),
     ("POST", "/models/unload", "supported", "router mode only: stops the model's child server"),
@@ -211,7 +221,10 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("dynatemp_exponent", "ignored", "echoed only"),
     ("adaptive_target", "refused", "400 when >= 0"),
     ("adaptive_decay", "ignored", "echoed only"),
-    ("lora", "refused", "shape checked as upstream; any adapter id is 400 (none loaded)"),
+    ("lora", "divergent", "[{id, scale}]: the request runs at those scales, the adapters it leaves out at 0 ([] or "
+     "absent: the global scales), as upstream; rows with different adapters share a batch, and a slot's cached "
+     "prompt is reused only at the same scales; an unknown id is a 400 (upstream ignores it); generation_settings "
+     "echoes lora as []"),
     ("speculative.n_max", "supported", "caps the request's draft block; 0 makes it a plain (non-speculating) request"),
     ("speculative.n_min", "supported", "a shorter block is not verified (the row decodes plainly that step)"),
     ("speculative.p_min", "divergent", "accepted (0..1): draft blocks are not cut by draft probability; every rule is "

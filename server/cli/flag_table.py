@@ -20,8 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mlxcel.drafters.lookup.options import NgramMapOptions, NgramModOptions
 from mlxcel.drafters.lookup.prompt_lookup import BLOCK_START
-from mlxcel.drafters.registry import DRAFT_MODEL, KINDS, PROMPT_LOOKUP, SPEC_TYPE_REFUSED
+from mlxcel.drafters.registry import DRAFT_MODEL, KINDS, PROMPT_LOOKUP, SPEC_TYPE_REFUSED, combinable_types
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ GPU = "GPU offload/placement of llama.cpp; MLX runs the whole model on its defau
 UI = "a feature of llama-server's bundled web app; mlxcel's own chat page at / has no such setting"
 SPEC_BACKEND = "a llama.cpp backend setting for the draft model with no MLX counterpart"
 SPEC_GPU = "GPU placement of the draft model; MLX runs it on its default device"
-LOOKUP = ("the n-gram types are all served by prompt lookup (see --spec-type); its sizes are "
-          "--spec-ngram-simple-size-n/-m")
+MAP = NgramMapOptions()  # upstream's defaults, shown by --help
+MOD = NgramModOptions()
 MEDIA = "multimodal input is not supported; mlxcel-server is text-only"
 ROPE = "mlxcel uses the RoPE settings of the model's own config; overriding them would change the model"
 PRESET = ("upstream's preset: a model it fetches from Hugging Face with settings for it; mlxcel has no presets, "
@@ -157,8 +158,15 @@ COMMON: list[Flag] = [
       "tensor's shape and type"),
     F("--override-kv", "refused", "KEY=TYPE:VALUE,...", note="overriding GGUF metadata is not supported"),
     F("--op-offload", "ignored", negatives=("--no-op-offload",), note=GPU),
-    F("--lora", "refused", "FNAME", note="LoRA adapters are not supported"),
-    F("--lora-scaled", "refused", "FNAME:SCALE,...", note="LoRA adapters are not supported"),
+    F("--lora", "supported", "FNAME", dest="lora_adapters", type="lora", append=True,
+      help="path to LoRA adapter (use comma-separated values to load multiple adapters)",
+      note="a GGUF adapter (convert_lora_to_gguf.py) or an mlx-lm adapter directory (adapter_config.json + "
+           "adapters.safetensors); applied per request, so requests with different adapters or scales share "
+           "a batch; adapters are numbered in command-line order with --lora-scaled"),
+    F("--lora-scaled", "supported", "FNAME:SCALE,...", dest="lora_adapters", type="lora_scaled", append=True,
+      help="path to LoRA adapter with user defined scaling (format: FNAME:SCALE,...)",
+      note="the scale is the global one GET /lora-adapters shows; a GGUF adapter's delta is scale * alpha / rank, "
+           "an mlx-lm adapter's scale * its lora_parameters scale"),
     F("--control-vector", "refused", "FNAME", note="control vectors are not supported"),
     F("--control-vector-scaled", "refused", "FNAME:SCALE,...", note="control vectors are not supported"),
     F("--control-vector-layer-range", "refused", "START END", nargs=2, note="control vectors are not supported"),
@@ -167,13 +175,16 @@ COMMON: list[Flag] = [
     F("-mu --model-url", "refused", "MODEL_URL", note="downloading from a URL is not supported; use -m or -hf", env="LLAMA_ARG_MODEL_URL"),
     F("-dr --docker-repo", "refused", "[<repo>/]<model>[:quant]", note="Docker Hub models are not supported", env="LLAMA_ARG_DOCKER_REPO"),
     F("-hf -hfr --hf-repo", "divergent", "<user>/<model>[:quant]",
-      help="load the model from this Hugging Face repository (downloaded into the Hugging Face cache; with "
-           "--offline, from the cache only)",
+      help="load the model from this Hugging Face repository: the quant's GGUF (case-insensitive; default Q4_K_M, "
+           "then Q8_0, then the first GGUF) or an MLX/safetensors repository whole, from the Hugging Face cache when "
+           "it holds the file (no network), else downloaded into it (--offline: the cache only)",
       dest="hf_repo",
-      note="an MLX/safetensors repo is loaded whole; with a GGUF repo give the file with -hff (the :quant "
-           "suffix selection is not implemented)", env="LLAMA_ARG_HF_REPO"),
+      note="the repository's mmproj file is found and logged, not fetched or loaded (text only); a split GGUF is "
+           "fetched whole, then refused (mlxcel reads single-file GGUFs); with no quant the cache answers without "
+           "network only when it holds Q4_K_M; a repository's preset.ini and its mtp-/dflash-/eagle3-/dspark- "
+           "sidecars are not looked for", env="LLAMA_ARG_HF_REPO"),
     F("-hff --hf-file", "supported", "FILE",
-      help="the file of --hf-repo to load (a GGUF file)", dest="hf_file", env="LLAMA_ARG_HF_FILE"),
+      help="the file of --hf-repo to load; overrides the :quant", dest="hf_file", env="LLAMA_ARG_HF_FILE"),
     F("-hft --hf-token", "supported", "TOKEN",
       help="Hugging Face access token", dest="hf_token", env="HF_TOKEN"),
     F("--log-disable", "supported",
@@ -275,10 +286,12 @@ SAMPLING: list[Flag] = [
 ]
 
 SPECULATIVE: list[Flag] = [
-    F("--spec-draft-hf -hfd -hfrd --hf-repo-draft", "supported", "<user>/<model>[:quant]",
-      help="load the draft model from this Hugging Face repository", dest="draft_hf",
-      note="for draft-simple, loaded as -hf loads a model: a whole MLX/safetensors snapshot, downloaded into the "
-           "Hugging Face cache (with --offline, from the cache only); no GGUF file choice", env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"),
+    F("--spec-draft-hf -hfd -hfrd --hf-repo-draft", "divergent", "<user>/<model>[:quant]",
+      help="load the draft model from this Hugging Face repository, its file chosen as -hf chooses (-md then "
+           "names the file, as -hff does for -hf)", dest="draft_hf",
+      note="always a draft model (draft-simple): the repository's mtp-/dflash-/eagle3-/dspark- sidecars are not "
+           "looked for, so the drafter kind is not inferred from them",
+      env="LLAMA_ARG_SPEC_DRAFT_HF_REPO"),
     F("--spec-draft-threads -td --threads-draft", "ignored", "N", note=SPEC_BACKEND),
     F("--spec-draft-threads-batch -tbd --threads-batch-draft", "ignored", "N", note=SPEC_BACKEND),
     F("--spec-draft-cpu-mask -Cd --cpu-mask-draft", "ignored", "M", note=SPEC_BACKEND),
@@ -321,30 +334,47 @@ SPECULATIVE: list[Flag] = [
         "a draft model sharing the target's vocabulary (GGUF file or model directory). Without --spec-type it "
         "drafts (draft-simple); upstream loads it and never drafts, which only confuses. A DFlash, DSpark or "
         "Muse Glimmer assistant checkpoint directory (recognised by structure) drafts on the DFlash round loop, "
-        "a NextN MTP assistant on the MTP round loop"), env="LLAMA_ARG_SPEC_DRAFT_MODEL"),
+        "a NextN MTP assistant on the MTP round loop, an EAGLE-3 checkpoint directory (either config layout) or "
+        "the GGUF llama.cpp converts one to on the EAGLE-3 round loop; with -hfd, the file of that repository "
+        "to load"),
+      env="LLAMA_ARG_SPEC_DRAFT_MODEL"),
     F("--spec-type", "divergent", "TYPES",
       help="the speculative decoding method", dest="spec_type", note=(
-        "none, or one drafter per server: " + "; ".join(f"{'/'.join(k.spec_types)}: {k.name}" for k in KINDS
-                                                         if k.spec_types)
-        + "; the n-gram types upstream implements apart are all served "
-        "by prompt lookup (lossless either way: only speed can differ); the model-based kinds verify "
-        "argmax-against-argmax above temperature 0 unless stochastic acceptance is on, and DSpark decodes "
-        "sampling requests plainly; " + "; ".join(f"{t} is refused ({why})" for t, why in SPEC_TYPE_REFUSED.items())), env="LLAMA_ARG_SPEC_TYPE"),
-    F("--spec-ngram-mod-n-min", "ignored", "N", note=LOOKUP),
-    F("--spec-ngram-mod-n-max", "ignored", "N", note=LOOKUP),
-    F("--spec-ngram-mod-n-match", "ignored", "N", note=LOOKUP),
+        "none, one drafter, or several n-gram types together (comma-separated: each round asks them in "
+        "upstream's order, " + ", ".join(combinable_types()) + ", and the first that drafts serves it): "
+        + "; ".join(f"{'/'.join(k.spec_types)}: {k.name}" for k in KINDS if k.spec_types)
+        + "; ngram-simple is mlxcel's prompt lookup (suffixes from --spec-ngram-simple-size-n down to 1 token, "
+        "a governor pausing rows whose drafts do not pay), the other n-gram types are upstream's; the model-based kinds verify "
+        "argmax-against-argmax above temperature 0 unless stochastic acceptance is on, except draft-eagle3, which "
+        "verifies with sampler-match (plain sampling's tokens; stochastic acceptance opts into rejection sampling), "
+        "and DSpark decodes sampling requests plainly"
+        + "".join(f"; {t} is refused ({why})" for t, why in SPEC_TYPE_REFUSED.items())), env="LLAMA_ARG_SPEC_TYPE"),
+    F("--spec-ngram-mod-n-min", "supported", "N", dest="spec_ngram_mod_n_min", type="int", default=str(MOD.n_min),
+      help="ngram-mod drafts nothing when its chain of lookups breaks before this many tokens"),
+    F("--spec-ngram-mod-n-max", "supported", "N", dest="spec_ngram_mod_n_max", type="int", default=str(MOD.n_max),
+      help="the most tokens ngram-mod drafts a round (its block)"),
+    F("--spec-ngram-mod-n-match", "supported", "N", dest="spec_ngram_mod_n_match", type="int",
+      default=str(MOD.n_match), help="the n-gram length ngram-mod's shared table is keyed on"),
     F("--spec-ngram-simple-size-n", "divergent", "N", dest="spec_ngram_simple_size_n", type="int",
       note="longest n-gram prompt lookup matches, shorter ones tried after it down to 1 (default 3, upstream 12)"),
     F("--spec-ngram-simple-size-m", "divergent", "N", dest="spec_ngram_simple_size_m", type="int",
       note=f"prompt lookup's block cap (default {PROMPT_LOOKUP.default_block}, upstream 48: a wide verify forward "
            f"costs more here; blocks start at {BLOCK_START} tokens and double while fully accepted)"),
-    F("--spec-ngram-simple-min-hits", "ignored", "N", note="every lookup match is proposed (min hits 1)"),
-    F("--spec-ngram-map-k-size-n", "ignored", "N", note=LOOKUP),
-    F("--spec-ngram-map-k-size-m", "ignored", "N", note=LOOKUP),
-    F("--spec-ngram-map-k-min-hits", "ignored", "N", note=LOOKUP),
-    F("--spec-ngram-map-k4v-size-n", "ignored", "N", note=LOOKUP),
-    F("--spec-ngram-map-k4v-size-m", "ignored", "N", note=LOOKUP),
-    F("--spec-ngram-map-k4v-min-hits", "ignored", "N", note=LOOKUP),
+    F("--spec-ngram-simple-min-hits", "ignored", "N",
+      note="every lookup match is proposed (min hits 1); upstream's ngram-simple does not read it either"),
+    F("--spec-ngram-map-k-size-n", "supported", "N", dest="spec_ngram_map_k_size_n", type="int",
+      default=str(MAP.size_n), help="the key length ngram-map-k looks up"),
+    F("--spec-ngram-map-k-size-m", "supported", "N", dest="spec_ngram_map_k_size_m", type="int",
+      default=str(MAP.size_m), help="the most tokens ngram-map-k drafts a round (its block)"),
+    F("--spec-ngram-map-k-min-hits", "supported", "N", dest="spec_ngram_map_k_min_hits", type="int",
+      default=str(MAP.min_hits), help="accepted and checked (>= 1); ngram-map-k does not read it, as upstream's "
+                                      "does not (ngram-map-k4v's is --spec-ngram-map-k4v-min-hits)"),
+    F("--spec-ngram-map-k4v-size-n", "supported", "N", dest="spec_ngram_map_k4v_size_n", type="int",
+      default=str(MAP.size_n), help="the key length ngram-map-k4v looks up"),
+    F("--spec-ngram-map-k4v-size-m", "supported", "N", dest="spec_ngram_map_k4v_size_m", type="int",
+      default=str(MAP.size_m), help="the length of the values ngram-map-k4v counts, and the most it drafts a round"),
+    F("--spec-ngram-map-k4v-min-hits", "supported", "N", dest="spec_ngram_map_k4v_min_hits", type="int",
+      default=str(MAP.min_hits), help="ngram-map-k4v drafts from a key once it was looked up this many times"),
     F("--draft --draft-n --draft-max", "refused", "N", note=REMOVED, env="LLAMA_ARG_DRAFT_MAX"),
     F("--draft-min --draft-n-min", "refused", "N", note=REMOVED, env="LLAMA_ARG_DRAFT_MIN"),
     F("--spec-ngram-size-n", "refused", "N", note="removed upstream too; use --spec-ngram-*-size-n"),
@@ -353,10 +383,13 @@ SPECULATIVE: list[Flag] = [
 ]
 
 SERVER: list[Flag] = [
-    F("-lcs --lookup-cache-static", "ignored", "FNAME",
-      note="prompt lookup searches the request's own prompt and output; no lookup cache files"),
-    F("-lcd --lookup-cache-dynamic", "ignored", "FNAME",
-      note="prompt lookup searches the request's own prompt and output; no lookup cache files"),
+    F("-lcs --lookup-cache-static", "supported", "FNAME", dest="lookup_cache_static",
+      help="ngram-cache's static cache (llama.cpp's lookup-cache file format), read at startup, never written; "
+           "validates and weighs its drafts and drafts alone when the others do not"),
+    F("-lcd --lookup-cache-dynamic", "supported", "FNAME", dest="lookup_cache_dynamic",
+      help="ngram-cache's dynamic cache (llama.cpp's lookup-cache file format), read at startup and shared by the "
+           "slots; as in upstream's server it is not written back (each slot's own cache, which outlives its "
+           "requests, holds what the server generates)"),
     F("--kv-unified-per-slot", "ignored", "N", note="no per-slot limit: -c is the budget (shared by the slots with "
       "-kvu, split among them by -np without it)", env="LLAMA_ARG_KV_UNIFIED_PER_SLOT"),
     F("-ctxcp --ctx-checkpoints --swa-checkpoints", "ignored", "N", note=BACKEND, env="LLAMA_ARG_CTX_CHECKPOINTS"),
@@ -447,12 +480,14 @@ SERVER: list[Flag] = [
       note="the built-in chat page at / (default on; --no-ui: / is 404)", env="LLAMA_ARG_UI"),
     F("--embedding --embeddings", "supported",
       help="serve the embedding routes", dest="embeddings",
-      note="/embedding, /embeddings, /v1/embeddings over the loaded decoder's hidden states; completions keep "
-           "working; encoder-only (BERT-family) checkpoints are refused", env="LLAMA_ARG_EMBEDDINGS"),
+      note="/embedding, /embeddings, /v1/embeddings over the loaded decoder's hidden states (completions keep "
+           "working) or a BERT-family GGUF encoder's (bert, nomic-bert, jina-bert-v2: needs this flag or --reranking, "
+           "completions are 501); other encoder architectures are refused", env="LLAMA_ARG_EMBEDDINGS"),
     F("--rerank --reranking", "supported",
       help="serve the rerank routes", dest="reranking",
       note="/rerank and aliases; scored by the model's rank head (GGUF cls.* tensors, or a Qwen3-Reranker "
-           "directory), or without one by the last hidden state's first component, as upstream (with a warning)",
+           "directory), or without one by the first component of the last token's hidden state (an encoder's: the "
+           "first token's), as upstream (with a warning)",
       env="LLAMA_ARG_RERANKING"),
     F("--api-key", "supported", "KEY",
       help="API keys clients must send (Authorization: Bearer KEY or X-Api-Key), comma-separated",
@@ -537,7 +572,10 @@ SERVER: list[Flag] = [
     F("-sps --slot-prompt-similarity", "supported", "SIMILARITY",
       help="how much of a slot's cached prompt a new prompt must share to be given that slot (0.0: off)",
       dest="slot_prompt_similarity", type="float"),
-    F("--lora-init-without-apply", "ignored", note="LoRA adapters are not supported"),
+    F("--lora-init-without-apply", "divergent", dest="lora_init_without_apply",
+      help="load LoRA adapters without applying them (apply later via POST /lora-adapters)",
+      note="as upstream documents it: every adapter's global scale starts at 0 (GET /lora-adapters shows 0); "
+           "upstream's server of this build still applies them at their --lora scales"),
     F("--sleep-idle-seconds", "supported", "SECONDS", dest="sleep_idle_seconds", type="int",
       note="unload the model after SECONDS without a request that uses it, reload it on the next one (-1: never)"),
     F("--log-prompts-dir", "ignored", "PATH", note="prompts are not logged to files"),

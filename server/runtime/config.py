@@ -108,6 +108,9 @@ class ServerConfig:
     pooling: str | None = None  # --pooling; None: the model's own
     embd_normalize: int = 2  # --embd-normalize: the default of a request's embd_normalize
     slot_prompt_similarity: float = 0.1
+    # --lora FILE (scale 1) and --lora-scaled FILE:SCALE, in command-line order: (path, global scale)
+    lora_adapters: list[tuple[str, float]] = field(default_factory=list)
+    lora_init_without_apply: bool = False  # every adapter's global scale starts at 0
     log_disable: bool = False
     log_file: str | None = None
     verbose: bool = False
@@ -123,6 +126,17 @@ class ServerConfig:
     spec_draft_n_min: int | None = None
     spec_ngram_simple_size_n: int | None = None
     spec_ngram_simple_size_m: int | None = None
+    spec_ngram_map_k_size_n: int | None = None  # the n-gram types' own sizes (None: upstream's defaults)
+    spec_ngram_map_k_size_m: int | None = None
+    spec_ngram_map_k_min_hits: int | None = None
+    spec_ngram_map_k4v_size_n: int | None = None
+    spec_ngram_map_k4v_size_m: int | None = None
+    spec_ngram_map_k4v_min_hits: int | None = None
+    spec_ngram_mod_n_match: int | None = None
+    spec_ngram_mod_n_min: int | None = None
+    spec_ngram_mod_n_max: int | None = None
+    lookup_cache_static: str | None = None  # -lcs: ngram-cache's static cache file
+    lookup_cache_dynamic: str | None = None  # -lcd: ngram-cache's dynamic cache file
     spec_draft_sampling: str | None = None
     spec_synth_len: float | None = None  # benchmarking only (synthetic acceptance)
     spec_synth_rates: str | None = None

@@ -28,6 +28,9 @@ def refusals(config: ServerConfig) -> str | None:
                 "alone); serve them from a single-process server")
     if config.sleep_idle_seconds > 0:
         return "--sleep-idle-seconds cannot unload a model that is split across ranks"
+    if config.lora_adapters:
+        return ("--lora / --lora-scaled are not served across ranks (the adapters are not sharded with the model); "
+                "serve them from a single-process server")
     try:
         split_mode_of(config.split_mode)
         group = world()

@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from mlxcel.engine.cache.kv_cache import cache_length, can_rewind, rewind
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.model.lora_set import request_scales
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar_matcher import new_matcher
 from mlxcel.engine.sampling.random_keys import resolve_seed
@@ -39,7 +40,7 @@ from mlxcel.server.runtime.failures import as_api_error
 from mlxcel.server.runtime.faults import FaultPlan
 from mlxcel.server.runtime.kv_pool import KvPool, exceeded
 from mlxcel.server.runtime.metrics import Metrics
-from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, common_prefix
+from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, reusable_prefix
 from mlxcel.server.runtime.speculation import Speculation
 from mlxcel.server.runtime.stepper import Stepper
 from mlxcel.server.runtime.task import Deferred, Failed, Final, GenerationOptions, Job, Task
@@ -265,14 +266,16 @@ class Scheduler:
         waiting = deque()
         while self._pending:
             task = self._pending.popleft()
-            slot = choose_slot(self.slots, task, self.slot_prompt_similarity)
+            # as upstream, a request that lists no adapters runs at the global LoRA scales as they are now
+            scales = request_scales(self.lm.adapters, task.options.lora)
+            slot = choose_slot(self.slots, task, self.slot_prompt_similarity, scales)
             if slot is None:
                 waiting.append(task)
                 if not any(not s.busy for s in self.slots):
                     break
                 continue
             try:
-                self._start(slot, task)
+                self._start(slot, task, scales)
             except Exception as exc:
                 log.exception("could not start task %d", task.id)
                 task.sink(Failed(as_api_error(exc)))
@@ -280,9 +283,9 @@ class Scheduler:
         waiting.extend(self._pending)
         self._pending = waiting
 
-    def _start(self, slot: Slot, task: Task) -> None:
+    def _start(self, slot: Slot, task: Task, adapter_scales: tuple[float, ...] = ()) -> None:
         prompt = task.prompt_tokens
-        reuse = common_prefix(slot.tokens, prompt) if task.options.cache_prompt else 0
+        reuse = reusable_prefix(slot, prompt, adapter_scales) if task.options.cache_prompt else 0
         reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, for its logits
         wants_spec, layers = False, None
         if self.speculation is not None:
@@ -299,6 +302,7 @@ class Scheduler:
         else:
             rewind(slot.cache, len(slot.tokens) - reuse)
             slot.tokens = slot.tokens[:reuse]
+        slot.adapter_scales = adapter_scales  # what the cache holds from here on is computed at these
         params = task.options.sampler
         chain = SamplerChain(params, vocab_size=self.vocab_size, eos_token_ids=self.eos_ids,
                              tokenizer=self.lm.tokenizer)
@@ -306,7 +310,7 @@ class Scheduler:
         grammar = task.options.grammar
         matcher = new_matcher(grammar, self.lm.tokenizer, self.vocab_size, self.eos_ids) if grammar else None
         slot.run = SlotRun(slot, task, chain, seed, self.lm.tokenizer, self.eos_ids, cache_n=reuse,
-                           context_shift=self.context_shift, grammar=matcher)
+                           context_shift=self.context_shift, grammar=matcher, adapter_scales=adapter_scales)
         slot.run.wants_spec = wants_spec
         if layers is not None:
             slot.run.features = [slot.features.rows(0, reuse)] if reuse else []

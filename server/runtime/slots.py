@@ -2,7 +2,8 @@
 
 A slot keeps the KV cache of the last sequence it ran (``tokens`` says which tokens that cache
 holds). A new request reuses the longest common prefix of its prompt with those tokens (the cache
-is rewound to it) and reports the reused length as ``cache_n``. :class:`SlotRun` is the per-request
+is rewound to it) and reports the reused length as ``cache_n``; only a request that runs at the same
+LoRA scales as the cache was computed with may reuse it (``Slot.adapter_scales``). :class:`SlotRun` is the per-request
 state on the engine thread: sampler chain, generated tokens, detokenized text, stop strings,
 timings — everything between "a token was sampled" and "an event goes out". Where a request is in
 its life is its :class:`RunState`, set at each transition, as llama.cpp's ``slot_state``.
@@ -52,6 +53,7 @@ class Slot:
     n_ctx: int
     cache: list[Any] | None = None  # single-sequence cache, when not in the decode batch
     tokens: list[int] = field(default_factory=list)  # tokens whose KV the slot's cache holds
+    adapter_scales: tuple[float, ...] = ()  # the LoRA scales ``tokens`` were computed at (part of the cache's key)
     # a model-based drafter's features of the tokens ``features_of`` (what the next request's drafter
     # needs of a reused prefix; kept only on a server with such a drafter)
     features: TargetFeatures | None = None
@@ -83,9 +85,17 @@ class Slot:
         self.cache, self.tokens, self.run = None, [], None
 
 
-def choose_slot(slots: list[Slot], task: Task, similarity: float = SLOT_PROMPT_SIMILARITY) -> Slot | None:
+def reusable_prefix(slot: Slot, prompt: list[int], adapter_scales: tuple[float, ...]) -> int:
+    """How many leading tokens of ``prompt`` the slot's cache holds for a request at ``adapter_scales``
+    (none when the cache was computed at other LoRA scales: its keys and values are another model's)."""
+    return common_prefix(slot.tokens, prompt) if slot.adapter_scales == adapter_scales else 0
+
+
+def choose_slot(slots: list[Slot], task: Task, similarity: float = SLOT_PROMPT_SIMILARITY,
+                adapter_scales: tuple[float, ...] = ()) -> Slot | None:
     """A free slot for ``task``: the one it asked for (``id_slot``, waiting while it is busy), else
-    the free slot with the most similar cached prompt, else the least recently used free one."""
+    the free slot with the most similar cached prompt (at the request's LoRA scales), else the least
+    recently used free one."""
     wanted = task.options.id_slot
     if 0 <= wanted < len(slots):
         slot = slots[wanted]
@@ -95,8 +105,8 @@ def choose_slot(slots: list[Slot], task: Task, similarity: float = SLOT_PROMPT_S
         return None
     prompt = task.prompt_tokens
     if task.options.cache_prompt and prompt:
-        best = max(free, key=lambda s: common_prefix(s.tokens, prompt))
-        if similarity > 0 and common_prefix(best.tokens, prompt) / len(prompt) > similarity:
+        best = max(free, key=lambda s: reusable_prefix(s, prompt, adapter_scales))
+        if similarity > 0 and reusable_prefix(best, prompt, adapter_scales) / len(prompt) > similarity:
             return best
     return min(free, key=lambda s: s.last_used)
 
@@ -114,8 +124,10 @@ class SlotRun:
     """One request running in one slot (engine thread only)."""
 
     def __init__(self, slot: Slot, task: Task, chain: SamplerChain, seed: int, tokenizer, eos_ids: set[int],
-                 cache_n: int, context_shift: bool = False, grammar: GrammarMatcher | None = None):
+                 cache_n: int, context_shift: bool = False, grammar: GrammarMatcher | None = None,
+                 adapter_scales: tuple[float, ...] = ()):
         self.slot = slot
+        self.adapter_scales = adapter_scales  # its LoRA scales, one per adapter, for every forward it runs
         self.task = task
         self.opts = task.options
         self.chain = chain

@@ -2,17 +2,23 @@
 startup, and one ``engine.speculative.session.SpeculativeSession`` per speculating request.
 
 Which kind runs is ``drafters.registry.choose`` on the flags, exactly as ``mlxcel generate``
-chooses it: ``--spec-type`` (upstream's names; every n-gram type is served by prompt lookup,
-since every rule here is lossless and the proposer can only change speed), ``--draft-kind``
-(mlxcel), ``-md`` alone (by the checkpoint's structure: a drafter-only checkpoint runs on its
-round loop, an ordinary model drafts as a draft model; upstream would load it and never draft)
-and ``--spec-default`` (prompt lookup). Blocks:
+chooses it: ``--spec-type`` (upstream's names; each n-gram type has its own drafter under
+``drafters.lookup``, and several n-gram types combine as upstream combines them: each round asks
+them in upstream's order and the first that drafts serves it), ``--draft-kind`` (mlxcel), ``-md``
+alone (by the checkpoint's structure: a drafter-only checkpoint runs on its round loop, an ordinary
+model drafts as a draft model; upstream would load it and never draft) and ``--spec-default``
+(prompt lookup). Blocks:
 
-* prompt lookup: ``--spec-ngram-simple-size-m`` caps the block (default the kind's, 32, not
-  upstream's 48: a 48-token verify forward is expensive where the forward is compute-bound);
+* prompt lookup (ngram-simple): ``--spec-ngram-simple-size-m`` caps the block (default the kind's,
+  32, not upstream's 48: a 48-token verify forward is expensive where the forward is compute-bound);
   blocks start at 8 tokens and double after each fully accepted block; the longest n-gram matched
   is ``--spec-ngram-simple-size-n`` (default 3, shorter suffixes after it, down to 1), and the
   governor (``drafters.lookup.governor``) may pause low-yield rows unless ``--draft-adaptive off``;
+* the other n-gram types: their own ``--spec-ngram-*`` sizes, upstream's defaults
+  (``speculation_settings``). Their drafters learn from a slot's earlier requests: the server hands
+  :meth:`Speculation.start` the slot a request runs in, and the source hands the drafter that slot's
+  state (the n-gram cache's counts, the map drafters' per-key memory), as upstream keeps them per
+  sequence id;
 * a draft model: ``--spec-draft-n-max`` tokens per round (default 3, as upstream);
 * the model-based drafters: ``--spec-draft-n-max`` or, by default, what the drafter declares
   (DFlash/Muse ``block_size - 1``, DSpark ``block_size``; MTP 3). These read the prompt's hidden
@@ -119,7 +125,9 @@ class Speculation:
 
     @property
     def draft_kind(self) -> str:
-        """What the timings report: the round loop (``dflash`` for the whole DFlash family)."""
+        """What the timings report: the round loop (``dflash`` for the whole DFlash family; the members'
+        joined by ``+`` for combined n-gram types, ``prompt-lookup+ngram-cache``: upstream's timings
+        name no drafter, and its draft counts sum over every implementation, as these do)."""
         return self.settings.kind.loop
 
     @property
@@ -154,15 +162,17 @@ class Speculation:
         return self.asks(opts) and self.declines(opts) is None
 
     def start(self, opts: GenerationOptions, sequence: list[int], seed: int,
-              features: TargetFeatures | None = None, grammar: GrammarMatcher | None = None) -> SpeculativeSession:
+              features: TargetFeatures | None = None, grammar: GrammarMatcher | None = None,
+              slot: int | None = None) -> SpeculativeSession:
         """A started session for a request whose prefill just picked the last token of ``sequence``;
         ``features``: what that prefill kept for a model-based drafter (every token but the last);
-        ``grammar``: the request's matcher when it is constrained."""
+        ``grammar``: the request's matcher when it is constrained; ``slot``: the slot the request runs in,
+        whose state a drafter that learns across a slot's requests continues (None: a fresh one)."""
         s = self.settings
         assert s.n_max is not None and self.source is not None  # resolved at load
         n_max = min(s.n_max, opts.spec_n_max) if opts.spec_n_max else s.n_max
         n_min = min(n_max, opts.spec_n_min if opts.spec_n_min is not None else s.n_min)
-        session = SpeculativeSession(self.source.new(n_min, ngram_max=opts.spec_ngram_max), opts.sampler,
+        session = SpeculativeSession(self.source.new(n_min, ngram_max=opts.spec_ngram_max, slot=slot), opts.sampler,
                                      n_max=n_max, n_min=n_min, synth_probs=s.synth_probs,
                                      stochastic=opts.spec_stochastic, kind=self.draft_kind, grammar=grammar,
                                      eos_ids=self.target.eos_token_ids)

@@ -23,12 +23,14 @@ whole KV history (measured at 15-55 ms a round on SmolLM2 here), which is why sp
 never join ``DecodeBatch``. Every row's logits are the bits it gets alone where the backend's kernels
 allow (``cache.ragged``'s exactness note), and its decisions and draws are its own, so a request
 gets the tokens it gets alone whatever runs beside it.
+
+Every row carries its request's LoRA scales (``SlotRun.adapter_scales``, fixed when the request
+starts), so rows with different adapters, or the same adapters at other scales, share these forwards.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from mlxcel.engine.cache.batch import DecodeBatch, forward_chunk
@@ -36,7 +38,9 @@ from mlxcel.engine.cache.kv_cache import can_rewind
 from mlxcel.engine.cache.ragged import RaggedBatch, joinable, packable
 from mlxcel.engine.cache.recurrent import has_recurrent_state
 from mlxcel.engine.decode.step import BatchCacheRows, OwnCaches, RaggedRows, Row, RowOutcome, Verify, run_step
+from mlxcel.engine.model.lora_linear import active_scales, uniform_scales
 from mlxcel.engine.platform.ragged_ops import runs_fused
+from mlxcel.engine.platform.settings import settings
 from mlxcel.engine.speculative.target_features import TargetFeatures
 from mlxcel.server.runtime.draft_caps import DraftCaps
 from mlxcel.server.runtime.failures import as_api_error
@@ -48,7 +52,6 @@ from mlxcel.server.runtime.step_trace import StepTrace
 from mlxcel.server.runtime.task import Failed
 
 log = logging.getLogger(__name__)
-UNIFIED_ENV = "MLXCEL_UNIFIED_STEP"
 
 
 class Stepper:
@@ -64,7 +67,7 @@ class Stepper:
         # MLXCEL_UNIFIED_STEP=0: the rows that need not share the ragged forward keep to the batch cache
         # (the benchmarks' baseline arm)
         self.unified = (packable(self.model) and (speculation is not None or runs_fused(self.model))
-                        and os.environ.get(UNIFIED_ENV, "1").lower() not in ("0", "false", "no", "off"))
+                        and settings().unified_step)
         self.caps = DraftCaps(speculation, lambda: lives.lockstep is not None)
         self.pipeline = Pipeline(self)
         self.trace = StepTrace()  # MLXCEL_TRACE_STEPS (runtime/step_trace.py); off by default
@@ -200,7 +203,8 @@ class Stepper:
                 continue
             last = run.n_past + len(chunk) >= len(run.prompt)
             layers = self.lives.speculation.feature_layers if run.features is not None else None
-            rows.append(Row(slot.id, chunk, sampling=run.sampling() if last else None, features=layers, logits=1))
+            rows.append(Row(slot.id, chunk, sampling=run.sampling() if last else None, features=layers, logits=1,
+                            adapters=run.adapter_scales))
             runs.append(run)
             budget -= len(chunk)
         if not rows:
@@ -233,7 +237,7 @@ class Stepper:
             features = TargetFeatures.join(run.features) if run.features is not None else None
             run.features = [features] if features is not None else None
             run.start_speculating(self.lives.speculation.start(run.opts, run.prompt + run.generated, run.seed,
-                                                               features, grammar=run.grammar))
+                                                               features, grammar=run.grammar, slot=slot.id))
             if run.spec.batchable and joinable(slot.cache):
                 self.ragged.add(slot.id, slot.cache)
                 slot.cache = None
@@ -255,7 +259,8 @@ class Stepper:
         if not len(self.batch) or not self.lives.room(len(self.batch)):
             return
         runs = [self.lives.slots[key].run for key in self.batch.rows]
-        rows = [Row(run.slot.id, [run.generated[-1]], sampling=run.sampling()) for run in runs]
+        rows = [Row(run.slot.id, [run.generated[-1]], sampling=run.sampling(), adapters=run.adapter_scales)
+                for run in runs]
         outcomes = self._run(BatchCacheRows(self.batch), rows, runs, "batched decode")
         if outcomes is None:
             self.batch = DecodeBatch(self.model)
@@ -280,7 +285,8 @@ class Stepper:
                 self.shift(slot)  # decodes plainly from now on
                 continue
             verify = Verify(run.spec, run.round_chain(), run.prompt + run.generated, room=run.round_room())
-            (out,) = run_step(OwnCaches(self.model, {slot.id: slot.cache}), [Row(slot.id, [], verify=verify)])
+            row = Row(slot.id, [], verify=verify, adapters=run.adapter_scales)
+            (out,) = run_step(OwnCaches(self.model, {slot.id: slot.cache}), [row])
             try:
                 if out.error is not None:
                     raise out.error
@@ -310,8 +316,9 @@ class Stepper:
             context = run.shift(self.lives.lm.add_bos)
             cache = self.lives.lm.make_cache()
             body = context[:-1]  # the last token is fed by the next decode step
-            for start in range(0, len(body), self.lives.n_ubatch):
-                forward_chunk(self.model, body[start:start + self.lives.n_ubatch], cache)
+            with active_scales(uniform_scales(run.adapter_scales)):
+                for start in range(0, len(body), self.lives.n_ubatch):
+                    forward_chunk(self.model, body[start:start + self.lives.n_ubatch], cache)
             slot.cache, slot.tokens = None, []
             self.join_plain(slot.id, cache)
         except Exception as exc:
@@ -413,12 +420,14 @@ class Stepper:
             if key in preps:
                 prep = preps[key]
                 rows.append(Row(key, prep.block, verify=Verify(run.spec, run.round_chain(),
-                                                               run.prompt + run.generated, prep)))
+                                                               run.prompt + run.generated, prep),
+                                adapters=run.adapter_scales))
             elif key in chunks:
                 last = run.n_past + len(chunks[key]) >= len(run.prompt)
-                rows.append(Row(key, chunks[key], sampling=run.sampling() if last else None))
+                rows.append(Row(key, chunks[key], sampling=run.sampling() if last else None,
+                                adapters=run.adapter_scales))
             elif key in decoding:
-                rows.append(Row(key, [run.generated[-1]], sampling=run.sampling()))
+                rows.append(Row(key, [run.generated[-1]], sampling=run.sampling(), adapters=run.adapter_scales))
             else:
                 continue  # a prompt waiting for the chunk budget
             runs.append(run)
@@ -475,7 +484,7 @@ class Stepper:
         """A row whose prompt was prefilled in the ragged batch starts its speculative session; one
         whose drafter cannot share the forward leaves the batch for its own verify rounds."""
         run.start_speculating(self.lives.speculation.start(run.opts, run.prompt + run.generated, run.seed, None,
-                                                           grammar=run.grammar))
+                                                           grammar=run.grammar, slot=run.slot.id))
         if not run.spec.batchable:
             run.slot.cache = self.ragged.remove([run.slot.id])[run.slot.id]
 

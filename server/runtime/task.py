@@ -54,6 +54,7 @@ class GenerationOptions:
     grammar: Grammar | None = None  # the output's constraint (grammar / json_schema / response_format / -j)
     reasoning_budget: BudgetSpec | None = None  # thinking tokens before the end tag is forced
     reasoning_format: str = "none"  # echoed in generation_settings
+    lora: dict[int, float] | None = None  # the request's LoRA scales by adapter id (None: the server's global ones)
     # echoed in generation_settings, not otherwise used
     echo: dict[str, Any] = field(default_factory=dict)
 

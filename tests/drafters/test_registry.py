@@ -83,7 +83,8 @@ def test_md_an_ordinary_model_is_a_draft_model(tiny_llama_dir):
 
 @pytest.mark.parametrize("kwargs, expected", [
     ({"spec_types": ["ngram-simple"]}, "prompt-lookup"),
-    ({"spec_types": ["ngram-mod"]}, "prompt-lookup"),
+    ({"spec_types": ["ngram-mod"]}, "ngram-mod"),
+    ({"spec_types": ["ngram-cache"]}, "ngram-cache"),
     ({"spec_default": True}, "prompt-lookup"),
     ({"draft_kind": "internal-mtp"}, "internal-mtp"),
     ({"spec_types": ["draft-mtp"]}, "internal-mtp"),
@@ -101,7 +102,7 @@ def test_impossible_choices_say_why(tmp_path):
     dflash.mkdir()
     (dflash / "config.json").write_text(json.dumps(DRAFTER_ONLY["dflash"]))
     for kwargs, needle in (({"spec_types": ["draft-simple"], "draft_model": str(dflash)}, "dflash drafter checkpoint"),
-                           ({"spec_types": ["draft-eagle3"]}, "not implemented"),
+                           ({"spec_types": ["draft-eagle3"]}, "draft-eagle3 needs its drafter"),
                            ({"spec_types": ["draft-banana"]}, "unknown type"),
                            ({"draft_kind": "banana"}, "prompt-lookup, draft-model, dflash"),
                            ({"draft_kind": "dspark"}, "pass -md DIR"),
@@ -125,7 +126,8 @@ def test_every_kind_is_declared_once_with_its_traits():
         assert kind.model_based == issubclass(kind.drafter_class(), ModelDrafter)  # the declared trait is the class's
         assert kind.model_based == (kind.default_block is None)  # model-based blocks come from the checkpoint
         assert registry.upstream_type(kind) in registry.SPEC_TYPES
-    assert {k.loop for k in registry.KINDS} == {"prompt-lookup", "draft-model", "dflash", "mtp"}
+    assert {k.loop for k in registry.KINDS} == {"prompt-lookup", "draft-model", "dflash", "mtp", "eagle3", "ngram-map-k",
+                                               "ngram-map-k4v", "ngram-mod", "ngram-cache"}
 
 
 def test_a_name_or_spec_type_is_registered_once():

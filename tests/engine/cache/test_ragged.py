@@ -16,6 +16,7 @@ from mlxcel.engine.cache.kv_cache import rewind
 from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan, joinable
 from mlxcel.engine.model.loading import load_model
 from mlxcel.engine.platform.ragged_ops import runs_fused
+from mlxcel.engine.platform.settings import switched
 
 rng = random.Random(0)
 CONTEXTS = [[rng.randrange(300) for _ in range(n)] for n in (5, 17, 9)]
@@ -33,8 +34,7 @@ def q8(tiny_llama_dir, checkpoints_root):
 def unfused(tiny_llama_dir):
     # the float checkpoint on MLX's own matmul and attention (the float kernel off): the masked,
     # padded path of the ragged forward
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLXCEL_FLOAT_KERNEL", "0")
+    with switched(float_kernel=False):
         return load_model(tiny_llama_dir)
 
 

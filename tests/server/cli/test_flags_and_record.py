@@ -26,7 +26,8 @@ _FILES = Path(tempfile.mkdtemp(prefix="mlxcel-flags-"))
 # flags whose value must be well formed to parse (a grammar is compiled by the command line)
 VALUES = {"reasoning": "on", "chat_template_kwargs": "{}", "reasoning_format": "deepseek", "grammar": 'root ::= "x"',
           "json_schema": '{"type": "object"}', "grammar_file": str(_FILES / "g.gbnf"),
-          "json_schema_file": str(_FILES / "s.json"), "pooling": "mean", "slot_save_path": ".", "static_path": "."}
+          "json_schema_file": str(_FILES / "s.json"), "pooling": "mean", "slot_save_path": ".", "static_path": ".",
+          "hf_repo": "acme/x:Q8_0", "draft_hf": "acme/x", "lora_adapters": "a.gguf:0.5"}
 
 
 def upstream_flag_names() -> set[str]:
@@ -149,7 +150,8 @@ def test_routes_agree_with_app():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--lora", "a.gguf"], "--lora is not supported"),
+    (["--control-vector", "a.gguf"], "--control-vector is not supported"),
+    (["--lora-scaled", "a.gguf"], "lora-scaled format: FNAME:SCALE"),
     (["--bogus-flag"], "unrecognized arguments"),
     (["-c", "lots"], "invalid int value"),
     (["--mirostat", "2"], "--mirostat is not supported"),
