@@ -29,10 +29,13 @@ serve: setup
 # would run once.
 FUZZ_TESTS := tests/server/http/test_fuzz.py
 XDIST := -n $(TEST_WORKERS) --dist loadfile
+# Then the tests marked mlx_native again under the MLX-native profile (MLXCEL_KERNELS=mlx: MLX's
+# quantized modules, half precision, mlx-lm's caches; what Metal and CUDA run), here on the CPU.
 test: setup-test
 ifeq ($(strip $(PYTEST_ARGS)),)
 	$(TEST_RUN) $(PY) -m pytest -q -m "not slow" $(XDIST) --ignore $(FUZZ_TESTS)
 	$(TEST_RUN) $(PY) -m pytest -q -m "not slow" $(FUZZ_TESTS)
+	MLXCEL_KERNELS=mlx $(TEST_RUN) $(PY) -m pytest -q -m "mlx_native and not slow" $(XDIST)
 else
 	$(TEST_RUN) $(PY) -m pytest -q -m "not slow" $(XDIST) $(PYTEST_ARGS)
 endif

@@ -28,7 +28,7 @@ import mlx.nn as nn
 from mlx.nn.layers.distributed import QuantizedAllToShardedLinear, QuantizedShardedToAllLinear
 
 from mlxcel.engine.distributed.world import DistributedError
-from mlxcel.engine.platform import qmatmul
+from mlxcel.engine.platform import device, qmatmul
 from mlxcel.engine.platform.packed_modules import PackedLinear, product
 from mlxcel.engine.platform.settings import set_switches, settings
 
@@ -98,7 +98,7 @@ def shard_rows(model: nn.Module, group: mx.distributed.Group, tensor_split: list
                                        f"per layer, which {n} ranks cannot split evenly")
         break
     model.shard(group)
-    packed = pack_sharded(model) if qmatmul.available() and not _gpu() else 0
+    packed = pack_sharded(model) if qmatmul.available() and not device.mlx_native() else 0
     log.info("tensor parallel: rank %d of %d holds 1/%d of every layer (%d layers packed for the CPU kernels)",
              group.rank(), n, n, packed)
 
@@ -160,6 +160,3 @@ def pack_sharded(model: nn.Module) -> int:
             swapped += 1
     return swapped
 
-
-def _gpu() -> bool:
-    return mx.default_device() == mx.gpu

@@ -4,7 +4,7 @@ On a CPU where the extension is built this is its vectorized primitive (``qmatmu
 MLX's CPU argmax walks a row element by element, 1.9 ms for a 33-row verify block of a 49152-word
 vocabulary against 0.1 ms. The answer is MLX's own, NaNs, infinities and ties included (the
 primitive's comment says how; tests/engine/platform/test_argmax.py checks it), so a caller gets the
-same tokens either way. On Metal and CUDA it is MLX's argmax."""
+same tokens either way. On the MLX-native profile (Metal, CUDA, ``MLXCEL_KERNELS=mlx``) it is MLX's argmax."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from mlxcel.engine.platform import device, qmatmul
 
 @functools.cache
 def _extension_argmax():
-    if device.on_gpu() or not qmatmul.available():
+    if device.mlx_native() or not qmatmul.available():
         return None
     return getattr(qmatmul.extension(), "argmax_rows", None)
 

@@ -56,6 +56,14 @@ def on_gpu() -> bool:
     return mx.default_device().type == mx.DeviceType.gpu
 
 
+def mlx_native() -> bool:
+    """Whether this process runs the MLX-native profile: what Metal and CUDA run (MLX's quantized
+    modules, the half-precision compute dtype, mlx-lm's caches and kernels; none of mlxcel's CPU
+    kernels, fused ops or the one-row matmul shim). On a GPU always; on a CPU with
+    ``MLXCEL_KERNELS=mlx``, so that the path most users take is tested where no GPU is."""
+    return on_gpu() or settings().kernels == "mlx"
+
+
 def grammar_mask_threads() -> int:
     """Threads llguidance may spread one batched step's grammar masks over.
 
@@ -80,14 +88,14 @@ def keep_quantized_weights() -> bool:
     forced = settings().weights
     if forced is not None:
         return forced == "quantized"
-    return on_gpu()
+    return mlx_native()
 
 
 def cpu_kernels() -> bool:
     """Whether quantized weights stay packed in their own blocks and run on mlxcel's CPU kernels
     (``qmatmul.py``): on a CPU where the extension is built, unless ``MLXCEL_WEIGHTS`` asks for
     ``float32`` or for MLX's own ``quantized`` modules. Never on Metal or CUDA."""
-    if on_gpu() or settings().weights is not None:
+    if mlx_native() or settings().weights is not None:
         return False
     return qmatmul.available()
 
@@ -99,7 +107,7 @@ def float_kernels() -> bool:
     rate here; docs/benchmarks.md "Float32 tiles"). With them the model also takes the packed
     models' graph changes (``prepare_for_decode``). On a CPU where the extension is built and the
     compute dtype is float32; ``MLXCEL_FLOAT_KERNEL=0`` turns it off. Never on Metal or CUDA."""
-    if on_gpu() or not settings().float_kernel or compute_dtype() != mx.float32:
+    if mlx_native() or not settings().float_kernel or compute_dtype() != mx.float32:
         return False
     if settings().weights == "quantized":
         return False  # MLX's own modules asked for: its float layers stay MLX's too
@@ -114,7 +122,7 @@ def compute_dtype() -> mx.Dtype:
     forced = settings().dtype
     if forced is not None:
         return {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}[forced]
-    return mx.float16 if on_gpu() else mx.float32
+    return mx.float16 if mlx_native() else mx.float32
 
 
 def openblas_library() -> str | None:
@@ -131,7 +139,7 @@ def preload_libraries() -> list[str]:
     lib = openblas_library()
     if lib is None:
         return []
-    shim = shim_library()
+    shim = None if mlx_native() else shim_library()
     return [shim, lib] if shim else [lib]
 
 
@@ -212,8 +220,9 @@ def prepare_for_decode(model) -> None:
     projections of a layer as one product each (``packed_modules.share_inputs``), and with both,
     llama / qwen2 blocks' forward as one short function over them (``lean_blocks.py``, the same
     graph with less Python); otherwise one-token rotary embeddings as one compiled kernel
-    (``compiled_rope.py``; bitwise the same output). Nothing on Metal or CUDA."""
-    if on_gpu():
+    (``compiled_rope.py``; bitwise the same output). Nothing on the MLX-native profile (Metal, CUDA,
+    ``MLXCEL_KERNELS=mlx``)."""
+    if mlx_native():
         return
     packed = any(name.endswith(".packed") for name, _ in tree_flatten(model.parameters()))
     if packed and getattr(model, "model_type", None) not in FUSED_FLOAT_TYPES and all(

@@ -152,6 +152,10 @@ class Settings:
     """One field per switch; ``docs/settings.md`` says more about each."""
 
     # what runs where (engine/platform/device.py, qmatmul.py)
+    kernels: Literal["auto", "mlx"] = _switch(
+        "MLXCEL_KERNELS", "auto", USER, "`mlx`: the MLX-native profile, what Metal and CUDA run (MLX's quantized "
+        "modules, half precision, mlx-lm's caches and kernels; no CPU kernels, no one-row matmul shim), here on "
+        "the CPU; `auto`: that profile on a GPU, mlxcel's CPU kernels on a CPU", _one_of("auto", "mlx"))
     weights: Literal["quantized", "float32"] | None = _switch(
         "MLXCEL_WEIGHTS", None, USER, "quantized checkpoints: `quantized` (`q`, `keep`) keeps MLX's own quantized "
         "modules, `float32` (`f32`, `dequantize`) dequantizes them; unset: the CPU kernels on a CPU, MLX's on a GPU",

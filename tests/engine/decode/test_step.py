@@ -27,6 +27,8 @@ from mlxcel.engine.speculative.drafter import Drafter
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.session import SpeculativeSession
 
+pytestmark = pytest.mark.mlx_native  # also run under MLXCEL_KERNELS=mlx (make test)
+
 rng = random.Random(3)
 CONTEXTS = [[rng.randrange(1, 300) for _ in range(n)] for n in (6, 11, 8, 5, 9)]
 GREEDY = SamplerParams(temperature=0.0)

@@ -28,6 +28,8 @@ from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.engine.speculative.acceptance import GREEDY_ARGMAX, SAMPLER_MATCH, select_rule
 from mlxcel.engine.speculative.verify import verify_round
 
+pytestmark = pytest.mark.mlx_native  # also run under MLXCEL_KERNELS=mlx (make test)
+
 BANNED = 7  # a token the target is never allowed to emit (logit_bias -inf)
 PROMPT_TEXT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 

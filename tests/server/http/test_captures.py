@@ -10,6 +10,8 @@ import httpx
 import pytest
 from server_process import ServerProcess, capture_names, load_capture, sse_events
 
+pytestmark = pytest.mark.mlx_native  # also run under MLXCEL_KERNELS=mlx (make test)
+
 # Documented divergences (compat/llama-server/*/request_fields.json, routes.json):
 REFUSED_400 = {"completion_mirostat"}  # upstream honours it; mlxcel has no mirostat, and refuses clearly
 BAD_ROLE = {"err_messages_bad_role", "err_chat_stream_bad_role"}  # upstream 500; bad input is a 400 here

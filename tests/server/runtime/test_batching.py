@@ -12,6 +12,8 @@ import httpx
 import pytest
 from server_process import ServerProcess, sse_events
 
+pytestmark = pytest.mark.mlx_native  # also run under MLXCEL_KERNELS=mlx (make test)
+
 PROMPTS = [
     "The quick brown fox",
     "def add(a, b):",

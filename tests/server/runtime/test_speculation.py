@@ -13,6 +13,8 @@ import pytest
 import tiny_checkpoints
 from server_process import ServerProcess, post_ok, run_server_command, running, sse_events
 
+pytestmark = pytest.mark.mlx_native  # also run under MLXCEL_KERNELS=mlx (make test)
+
 BASE_KEYS = ["cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second", "predicted_n",
              "predicted_ms", "predicted_per_token_ms", "predicted_per_second"]
 DRAFT_KEYS = ["draft_n", "draft_n_accepted", "draft_rounds", "draft_kind"]
@@ -282,3 +284,77 @@ def test_synthetic_acceptance_accepts_at_the_set_rate(servers, tiny_llama_dir, d
         assert none["timings"]["draft_n_accepted"] == 0 and none["timings"]["draft_n"] > 0
         assert none["tokens"] == post_ok(servers["plain"], "/completion", body)["tokens"]
         assert "synthetic speculative acceptance is on" in procs["none"].log()
+
+
+# -- predicted outputs (OpenAI's prediction field) ------------------------------------------------
+
+
+PREDICTION_KIND = {"plain": "prediction", "lookup": "prediction+prompt-lookup", "draft": "prediction+draft-model"}
+
+
+def predicted(text: str) -> dict:
+    return {"prediction": {"type": "content", "content": text}}
+
+
+def tokenized(server, text: str) -> list[int]:
+    return post_ok(server, "/tokenize", {"content": text, "parse_special": False})["tokens"]
+
+
+@pytest.mark.parametrize("kind", ["plain", "lookup", "draft"])
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.7, seed=11, top_k=0, top_p=1.0,
+                                                                  min_p=0.0)], ids=["greedy", "seeded"])
+def test_a_prediction_drafts_on_every_server_and_the_output_is_the_plain_servers(servers, kind, sampling):
+    """The prediction is a draft source alone (no drafter) or ahead of the server's own; whatever it
+    holds (the answer itself, the answer edited in the middle, something else) the tokens are the ones
+    the plain server writes without it."""
+    p = PROMPTS[3]  # the tiny model's answer re-tokenizes into much of itself here (random weights write odd bytes)
+    want = post_ok(servers["plain"], "/completion", native(p, return_tokens=True, **sampling))
+    text = want["content"]
+    edited = text[:len(text) // 3] + "edit here" + text[len(text) // 2:]
+    rounds = 0
+    for prediction in (text, edited, "The quick brown fox."):
+        got = post_ok(servers[kind], "/completion", native(p, return_tokens=True, **sampling, **predicted(prediction)))
+        assert got["tokens"] == want["tokens"], prediction
+        total = got["accepted_prediction_tokens"] + got["rejected_prediction_tokens"]
+        assert total == len(tokenized(servers[kind], prediction))
+        if "draft_rounds" in got["timings"]:
+            rounds += got["timings"]["draft_rounds"]
+            assert got["timings"]["draft_kind"] == PREDICTION_KIND[kind]
+    assert rounds > 0
+    first = post_ok(servers[kind], "/completion", native(p, **sampling, **predicted(text)))
+    assert first["timings"]["draft_kind"] == PREDICTION_KIND[kind] and first["timings"]["draft_n_accepted"] > 0
+
+
+def test_prediction_counts_on_every_route_and_stream_shape(servers):
+    s, p = servers["plain"], PROMPTS[0]
+    out = post_ok(s, "/completion", native(p, return_tokens=True))
+    wrong = "Zebra quilts vex."  # none of its tokens is in this output (checked): a known count
+    assert not set(tokenized(s, wrong)) & set(out["tokens"])
+    n_wrong = len(tokenized(s, wrong))
+    known = {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": n_wrong}
+    native_body = post_ok(s, "/completion", native(p, **predicted(wrong)))
+    assert {k: native_body[k] for k in known} == known
+    assert "accepted_prediction_tokens" not in out  # only a request with a prediction reports them
+    events = stream(s, "/completion", native(p, **predicted(wrong)))
+    assert {k: events[-1][k] for k in known} == known
+    details = {"accepted_prediction_tokens": 0, "rejected_prediction_tokens": n_wrong}
+    assert post_ok(s, "/v1/completions", oai(p, **predicted(wrong)))["usage"]["completion_tokens_details"] == details
+    chunks = stream(s, "/v1/completions", oai(p, **predicted(wrong)))
+    assert chunks[-1]["usage"]["completion_tokens_details"] == details
+    parts = {"prediction": {"type": "content", "content": [{"type": "text", "text": "Zebra "},
+                                                           {"type": "text", "text": "quilts vex."}]}}
+    body = post_ok(s, "/v1/chat/completions", chat(p, **parts))
+    assert body["usage"]["completion_tokens_details"] == details
+    assert "completion_tokens_details" not in post_ok(s, "/v1/chat/completions", chat(p))["usage"]
+    chunks = stream(s, "/v1/chat/completions", chat(p, stream_options={"include_usage": True}, **parts))
+    (usage,) = [c for c in chunks if "usage" in c]
+    assert usage["choices"] == [] and usage["usage"]["completion_tokens_details"] == details
+
+
+def test_a_prediction_on_a_request_that_decodes_plainly_is_still_counted(servers):
+    s, p = servers["lookup"], PROMPTS[0]
+    text = post_ok(s, "/completion", native(p))["content"]
+    for opt_out in ({"n_probs": 2}, {"speculative.n_max": 0}, {"speculative.type": "none"}):
+        got = post_ok(s, "/completion", native(p, **opt_out, **predicted(text)))
+        no_counters(got["timings"])
+        assert got["content"] == text and got["accepted_prediction_tokens"] > 0

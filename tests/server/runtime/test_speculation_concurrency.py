@@ -17,6 +17,8 @@ from concurrent_requests import concurrently, metric
 from gguf import GGMLQuantizationType as Q
 from server_process import ServerProcess, post_ok, running
 
+pytestmark = pytest.mark.mlx_native  # also run under MLXCEL_KERNELS=mlx (make test)
+
 PROMPTS = [
     "a b c d e f g a b c d e f g a b c d e f g a b c",
     "def f(x): return x + 1\ndef f(x): return x + 1\ndef f(x):",
