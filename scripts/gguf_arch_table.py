@@ -177,7 +177,7 @@ def template_results(models: Path | None) -> dict[str, str]:
         return {}
     import tiny_checkpoints
 
-    from mlxcel.server.http.chat_template import apply_template
+    from mlxcel.server.http.chat.template import apply_template
 
     with tempfile.TemporaryDirectory() as d:
         tiny_checkpoints.build_tokenizer(Path(d))
@@ -266,8 +266,10 @@ def render(rows, vocab, templates, real, recorded_templates, layout, models_dir)
               "implementation); llama.cpp uses the exact value. The real-file comparison below includes that.",
               "- A GGUF's MTP / NextN layers (Qwen3-Next, Qwen3.5) are not run: `--draft-kind mtp` reads them from a "
               "Hugging Face checkpoint.",
-              "- Quantized weights are dequantized to the compute dtype except Q4_0 / Q4_1 / Q8_0 matrices on a GPU "
-              "(the CPU kernel work changes this); the resident size is logged at load.", "",
+              "- Quantized weights stay quantized: on a CPU in mlxcel's own kernel blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K "
+              "and Q6_K as stored, other types re-packed to Q8_0), on the MLX-native path (Metal, CUDA) as MLX's "
+              "quantized weights, exactly or re-quantized per type ([below](#quantized-weights-on-the-mlx-native-path)); "
+              "the resident size is logged at load.", "",
               "## Real files against llama-server", "",
               "`scripts/compare_gguf_llama_server.py` (llama-server built from the pinned llama.cpp sources, "
               "`-t 1 -np 1`): `/tokenize` over a battery of texts with and without `add_special`, and greedy "
@@ -313,8 +315,22 @@ def main() -> None:
     templates = template_results(models)
     text = render(rows, vocab, templates, _recorded("gguf-vs-llama-server.json"),
                   _recorded("templates-vs-llama-server.json"), _recorded("gguf-layout-check.json"), models)
-    args.out.write_text(text)
+    args.out.write_text(text + _kept_section(args.out, QUANT_SECTION))
     print(f"wrote {args.out}")
+
+
+QUANT_SECTION = "## Quantized weights on the MLX-native path"
+
+
+def _kept_section(path: Path, heading: str) -> str:
+    """The section under ``heading`` of the file at ``path``, carried over when the file is
+    written again (``scripts/measure_gguf_mlx_error.py`` measures it; this script does not)."""
+    text = path.read_text() if path.exists() else ""
+    start = text.find(heading)
+    if start < 0:
+        return ""
+    end = text.find("\n## ", start + len(heading))
+    return text[start:] if end < 0 else text[start:end + 1]
 
 
 if __name__ == "__main__":

@@ -1,27 +1,21 @@
 """Turn GGUF tensors into MLX arrays: llama.cpp's block formats and its q/k row order
 (tensor names are ``names.py``'s).
 
-Three block formats map exactly onto MLX's affine quantization (groups of 32, one scale and
-one bias per group), so on a GPU they stay quantized without any loss:
+Three representations, chosen by the loader per device (``engine/platform/device.py``):
 
-    Q8_0  w = d * q,          q int8        ->  bits 8, scale d, bias -128 d, q + 128
-    Q4_0  w = d * (q - 8),    q in 0..15    ->  bits 4, scale d, bias -8 d
-    Q4_1  w = d * q + m,      q in 0..15    ->  bits 4, scale d, bias m
-
-(Q4 blocks store element j in the low nibble of byte j and element j + 16 in the high nibble;
-MLX packs element k into bits 4 (k mod 8) of word k / 8, so the nibbles are re-ordered.)
-Every other type (K-quants, Q5_*, IQ*, BF16) is dequantized with the ``gguf`` package's
-reference numpy code, in float32, then cast to the compute dtype.
-
-On a CPU with mlxcel's kernels (``to_packed``), quantized matrices instead stay in their own
-blocks, re-laid out for the kernels (``engine/platform/qmatmul.py``): Q4_0, Q4_1, Q8_0, Q4_K, Q5_K
-and Q6_K exactly; any other quantized type is re-packed to Q8_0 (dequantized, then quantized to
-8 bits per block of 32: the nearest format the kernels run, not bit-exact; the loader logs it).
+- MLX's own quantized weights (Metal, CUDA, ``MLXCEL_WEIGHTS=quantized``): every quantized matrix
+  stays quantized, exactly where the type is MLX affine / MXFP4 quantization in disguise (Q4_0,
+  Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, MXFP4) and re-quantized otherwise (``mlx_quant.py``);
+- floats: anything else, and everything when weights are dequantized, decoded with the ``gguf``
+  package's reference numpy code in float32, then cast to the compute dtype;
+- on a CPU with mlxcel's kernels (``to_packed``), quantized matrices instead stay in their own
+  blocks, re-laid out for the kernels (``engine/platform/qmatmul.py``): Q4_0, Q4_1, Q8_0, Q4_K,
+  Q5_K and Q6_K exactly; any other quantized type is re-packed to Q8_0 (dequantized, then
+  quantized to 8 bits per block of 32: the nearest format the kernels run, not bit-exact; the
+  loader logs it).
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
@@ -30,51 +24,18 @@ from gguf import quants
 
 from mlxcel.engine.errors import UnsupportedQuantError
 from mlxcel.engine.gguf.file import TensorInfo
+from mlxcel.engine.gguf.mlx_quant import QuantizedWeight, keeps_quantized, to_quantized
 from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.qmatmul import PackedWeight
 
 GROUP_SIZE = 32
-AFFINE_BLOCK_TYPES = {Q.Q4_0: 4, Q.Q4_1: 4, Q.Q8_0: 8}
-
-
-@dataclass
-class QuantizedWeight:
-    """An MLX affine-quantized matrix (what ``nn.QuantizedLinear`` holds)."""
-
-    weight: mx.array  # uint32, packed
-    scales: mx.array
-    biases: mx.array
-    bits: int
-    group_size: int = GROUP_SIZE
-
-    def dequantize(self, dtype: mx.Dtype) -> mx.array:
-        # Scales and biases in float32 first: dequantizing in float16 would round every weight.
-        out = mx.dequantize(self.weight, self.scales.astype(mx.float32), self.biases.astype(mx.float32),
-                            group_size=self.group_size, bits=self.bits)
-        return out.astype(dtype)
 
 
 def affine_triplet(info: TensorInfo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(packed uint32 weights, float16 scales, float16 biases) for a Q4_0 / Q4_1 / Q8_0 tensor."""
-    rows = info.data.shape[:-1]
-    n_blocks = info.shape[-1] // GROUP_SIZE
-    blocks = info.data.reshape(*rows, n_blocks, -1)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-    if info.qtype == Q.Q8_0:
-        q = blocks[..., 2:].view(np.int8).astype(np.int16) + 128
-        packed = q.astype(np.uint8).reshape(*rows, -1).view(np.uint32)
-        return packed, d, (d.astype(np.float32) * -128).astype(np.float16)
-    if info.qtype == Q.Q4_0:
-        bias = (d.astype(np.float32) * -8).astype(np.float16)
-        qs = blocks[..., 2:]
-    elif info.qtype == Q.Q4_1:
-        bias = blocks[..., 2:4].copy().view(np.float16)[..., 0]
-        qs = blocks[..., 4:]
-    else:
-        raise ValueError(f"not an affine block type: {info.qtype.name}")
-    nibbles = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)  # element order 0..31 within a block
-    packed = (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).astype(np.uint8)
-    return packed.reshape(*rows, -1).view(np.uint32), d, bias
+    """(packed uint32 weights, float16 scales, float16 biases) of a matrix of an exactly affine
+    type (``mlx_quant.LAYOUTS``): for Q4_0 / Q4_1 / Q8_0 what ``mx.load``'s own GGUF reader gives."""
+    w = to_quantized(info, mx.float16)
+    return np.array(w.weight), np.array(w.scales), np.array(w.biases)
 
 
 def dequantize_numpy(info: TensorInfo) -> np.ndarray:
@@ -91,16 +52,10 @@ def dequantize_numpy(info: TensorInfo) -> np.ndarray:
 
 
 def to_mlx(info: TensorInfo, *, keep_quantized: bool, dtype: mx.Dtype) -> mx.array | QuantizedWeight:
-    """One tensor as MLX: a ``QuantizedWeight`` for Q4_0/Q4_1/Q8_0 matrices when
+    """One tensor as MLX: a ``QuantizedWeight`` for a quantized matrix (or stack of them) when
     ``keep_quantized``, otherwise a float array in ``dtype``."""
-    if info.qtype in AFFINE_BLOCK_TYPES and len(info.shape) == 2:
-        w, s, b = affine_triplet(info)
-        triplet = QuantizedWeight(mx.array(w), mx.array(s), mx.array(b), bits=AFFINE_BLOCK_TYPES[info.qtype])
-        if keep_quantized:
-            triplet.scales = triplet.scales.astype(dtype)
-            triplet.biases = triplet.biases.astype(dtype)
-            return triplet
-        return triplet.dequantize(dtype)
+    if keep_quantized and keeps_quantized(info):
+        return to_quantized(info, dtype)
     if info.qtype == Q.F16 and dtype == mx.float16 or info.qtype == Q.F32 and dtype == mx.float32:
         return mx.array(info.data)
     return mx.array(dequantize_numpy(info)).astype(dtype)

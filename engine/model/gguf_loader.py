@@ -3,11 +3,11 @@
 Steps, top to bottom in ``load_gguf``: parse the header (``gguf.file``), pick the architecture
 and map its metadata to an mlx-lm config (``gguf.config``, ``gguf.architectures``), rebuild the
 tokenizer (``gguf.tokenizer``), plan every parameter's source tensors (``gguf.weight_plan``),
-convert them (``gguf.tensors``: keep Q4_0/Q4_1/Q8_0 quantized on a GPU, keep every quantized
-matrix packed on a CPU with mlxcel's kernels, dequantize everything else to the compute dtype; the
-architecture's row orders and value changes applied on the way), then build mlx-lm's model class,
-quantize (or swap in packed modules for) the modules whose weights arrived quantized, and load the
-weights strictly.
+convert them (``gguf.tensors``: every quantized matrix kept as MLX's quantized weights on the
+MLX-native path (``gguf.mlx_quant``) or packed on a CPU with mlxcel's kernels, everything else
+dequantized to the compute dtype; the architecture's row orders and value changes applied on the
+way), then build mlx-lm's model class, quantize (or swap in packed modules for) the modules whose
+weights arrived quantized, and load the weights strictly.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from mlxcel.engine.errors import ModelLoadError
 from mlxcel.engine.gguf.architectures import ARCHITECTURES, Conversion, TensorIndex
 from mlxcel.engine.gguf.config import architecture, model_config
 from mlxcel.engine.gguf.file import GGUFFile, read_gguf
+from mlxcel.engine.gguf.heap_trim import release_free_heap
 from mlxcel.engine.gguf.metadata import ArchMetadata
+from mlxcel.engine.gguf.mlx_quant import QuantizedWeight
 from mlxcel.engine.gguf.tensors import (
-    QuantizedWeight,
     concat_rows,
     dequantize_numpy,
     packable,
@@ -37,7 +38,9 @@ from mlxcel.engine.gguf.tensors import (
 )
 from mlxcel.engine.gguf.tokenizer import build_tokenizer
 from mlxcel.engine.gguf.weight_plan import plan_weights
-from mlxcel.engine.model.encoder_only import refuse_encoder_only
+from mlxcel.engine.model.encoder.loader import load_encoder_gguf
+from mlxcel.engine.model.encoder_only import is_served_encoder, refuse_encoder_only
+from mlxcel.engine.model.load_progress import tracked
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.platform import device
 from mlxcel.engine.platform.packed_modules import install_packed
@@ -65,6 +68,8 @@ def load_gguf(path: str | Path) -> LoadedModel:
 def _load(path: Path) -> LoadedModel:
     gguf_file = read_gguf(path)
     meta = gguf_file.metadata
+    if is_served_encoder(meta.get("general.architecture")):  # BERT-family: mlxcel's own encoder
+        return load_encoder_gguf(path, gguf_file)
     refuse_encoder_only(meta.get("general.architecture"), str(path), gguf=True)
     arch, spec = architecture(meta, str(path))
     tokenizer, ids = build_tokenizer(meta, str(path))
@@ -77,6 +82,7 @@ def _load(path: Path) -> LoadedModel:
     weights = convert_weights(gguf_file, plan)
     model = build_model(config, weights, str(path), prepare=spec.prepare)
     spec.finish(model, gguf_file, config)
+    release_free_heap()  # the conversion's scratch, left in the C heap
     resident = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     log.info("%s: %s (%s) weights resident: %.1f MiB", path.name, arch, config["model_type"], resident / 2**20)
 
@@ -134,7 +140,7 @@ def convert_weights(gguf_file: GGUFFile,
     repacked: dict[str, int] = {}
     dtype = device.compute_dtype()
     out: dict[str, mx.array | QuantizedWeight | PackedWeight] = {}
-    for name, conv in plan.items():
+    for name, conv in tracked(list(plan.items()), Path(gguf_file.path)):  # the log's progress line
         infos = [gguf_file.tensors[source] for source in conv.sources]
         if conv.rows is not None:
             infos = [permute_rows(concat_rows(infos), conv.rows)]
@@ -147,6 +153,8 @@ def convert_weights(gguf_file: GGUFFile,
         else:
             arrays = [to_mlx(info, keep_quantized=False, dtype=mx.float32) for info in infos]
             w = (conv.value(*arrays) if conv.value is not None else arrays[0]).astype(dtype)
+        if isinstance(w, QuantizedWeight) and conv.shape is not None and w.shape != conv.shape:
+            w = w.dequantize(dtype)  # packed codes cannot be reshaped: take the floats
         if isinstance(w, mx.array) and conv.shape is not None and tuple(w.shape) != conv.shape:
             w = _unit_axes_reshaped(w, conv.shape, name, gguf_file.path)
         out[name] = w
@@ -177,12 +185,12 @@ def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight | Pa
     packed = {name[: -len(".weight")]: w for name, w in weights.items() if isinstance(w, PackedWeight)}
     if packed:
         install_packed(model, packed)
-    quantized = {name[: -len(".weight")]: w for name, w in weights.items() if isinstance(w, QuantizedWeight)}
+    quantized = _quantizable(model, weights)
     if quantized:
         nn.quantize(
             model,
             class_predicate=lambda p, m: (
-                {"group_size": quantized[p].group_size, "bits": quantized[p].bits, "mode": "affine"}
+                {"group_size": quantized[p].group_size, "bits": quantized[p].bits, "mode": quantized[p].mode}
                 if p in quantized else False
             ),
         )
@@ -190,7 +198,8 @@ def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight | Pa
     for name, w in weights.items():
         if isinstance(w, QuantizedWeight):
             stem = name[: -len(".weight")]
-            flat += [(name, w.weight), (f"{stem}.scales", w.scales), (f"{stem}.biases", w.biases)]
+            flat += [(name, w.weight), (f"{stem}.scales", w.scales)]
+            flat += [] if w.biases is None else [(f"{stem}.biases", w.biases)]
         elif isinstance(w, PackedWeight):
             flat.append((f"{name[: -len('.weight')]}.packed", w.packed))
         else:
@@ -201,6 +210,24 @@ def build_model(config: dict, weights: dict[str, mx.array | QuantizedWeight | Pa
         raise ModelLoadError(f"{source}: tensors do not match the {config['model_type']} model: {exc}") from exc
     mx.eval(model.parameters())
     return model
+
+
+def _quantizable(model: nn.Module, weights: dict) -> dict[str, QuantizedWeight]:
+    """The quantized weights by module path, once each one's module can hold it (has
+    ``to_quantized``: Linear, Embedding, mlx-lm's SwitchLinear); any other one is dequantized in
+    ``weights`` to the compute dtype."""
+    modules = dict(model.named_modules())
+    out: dict[str, QuantizedWeight] = {}
+    for name, w in list(weights.items()):
+        if not isinstance(w, QuantizedWeight):
+            continue
+        stem = name[: -len(".weight")]
+        module = modules.get(stem)
+        if module is not None and hasattr(module, "to_quantized"):
+            out[stem] = w
+        else:
+            weights[name] = w.dequantize(device.compute_dtype())
+    return out
 
 
 __all__ = ["load_gguf", "ARCHITECTURES"]

@@ -7,8 +7,8 @@ the values the GGUF decodes to (dequantized with the ``gguf`` package's referenc
 put back in Hugging Face order). The GGUF loader must reproduce that checkpoint's logits, so a
 quantized GGUF is tested as strictly as a float one.
 
-K-quants: ``gguf.quants`` can decode Q4_K and Q6_K but not encode them, so those tensors are
-filled with random but well-formed blocks (small float16 super-scales, random packed codes);
+K-quants, IQ and TQ types: ``gguf.quants`` can decode them but not encode them, so those tensors
+are filled with random but well-formed blocks (small float16 super-scales, random packed codes);
 the effective checkpoint then carries whatever they decode to.
 """
 
@@ -89,30 +89,52 @@ def permute_qk_in_place(model, config: dict) -> None:
         attn.k_proj.weight = mx.array(llama_permute(np.array(attn.k_proj.weight), config["num_key_value_heads"]))
 
 
-def random_kquant_blocks(rows: int, cols: int, qtype: Q, rng: np.random.Generator) -> np.ndarray:
-    """Well-formed random Q4_K / Q6_K blocks for a ``rows x cols`` matrix, as raw bytes."""
+# Block types gguf.quants cannot encode: (byte offset, typical magnitude) of each float16 scale field,
+# chosen so the decoded weights are a few hundredths, like a small model's. Every other byte of a
+# block may hold anything (all codes, grid indices and packed sub-scales are valid).
+HALF_SCALES = {
+    Q.Q2_K: [(80, 1.0e-3), (82, 1.0e-3)], Q.Q3_K: [(108, 3.0e-4)],
+    Q.Q4_K: [(0, 1.5e-4), (2, 2.0e-4)], Q.Q5_K: [(0, 8.0e-5), (2, 1.0e-4)], Q.Q6_K: [(208, 2.5e-4)],
+    Q.IQ2_XXS: [(0, 2.0e-4)], Q.IQ2_XS: [(0, 2.0e-4)], Q.IQ2_S: [(0, 2.0e-4)],
+    Q.IQ3_XXS: [(0, 1.0e-4)], Q.IQ3_S: [(0, 1.0e-4)], Q.IQ1_S: [(0, 2.0e-3)],
+    Q.IQ4_NL: [(0, 3.0e-4)], Q.IQ4_XS: [(0, 2.0e-5)], Q.TQ1_0: [(52, 3.0e-2)], Q.TQ2_0: [(64, 3.0e-2)],
+}
+ENCODABLE = (Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.MXFP4)
+
+
+def random_blocks(rows: int, cols: int, qtype: Q, rng: np.random.Generator) -> np.ndarray:
+    """Well-formed random blocks of ``qtype`` (any quantized type ``gguf.quants`` decodes) for a
+    ``rows x cols`` matrix, as raw bytes: random codes, float16 scales of the size in
+    ``HALF_SCALES`` (Q6_K's int8 sub-scales kept within +-12, as a quantizer leaves them)."""
     block, size = GGML_QUANT_SIZES[qtype]
     n = rows * (cols // block)
     raw = rng.integers(0, 256, size=(n, size), dtype=np.uint8)
+    for at, magnitude in HALF_SCALES.get(qtype, []):
+        raw[:, at:at + 2] = (magnitude * rng.uniform(0.5, 1.5, (n, 1))).astype(np.float16).view(np.uint8)
     if qtype == Q.Q6_K:  # ql[128] qh[64] scales[16] (int8) d (f16, last)
         raw[:, 192:208] = rng.integers(-12, 13, size=(n, 16)).astype(np.int8).view(np.uint8)
-        raw[:, 208:210] = np.full((n, 1), 2.5e-4, np.float16).view(np.uint8)
-    elif qtype == Q.Q4_K:  # d (f16) dmin (f16) scales[12] qs[128]
-        raw[:, 0:2] = np.full((n, 1), 1.5e-4, np.float16).view(np.uint8)
-        raw[:, 2:4] = np.full((n, 1), 2.0e-4, np.float16).view(np.uint8)
-    else:
+    elif qtype == Q.IQ1_M:  # the f16 scale is the top nibble of each of the last four uint16
+        d = (2.0e-3 * rng.uniform(0.5, 1.5, n)).astype(np.float16).view(np.uint16)
+        scales = raw[:, 48:56].copy().view(np.uint16) & np.uint16(0x0FFF)
+        for i in range(4):
+            scales[:, i] |= ((d >> np.uint16(4 * i)) & np.uint16(0xF)) << np.uint16(12)
+        raw[:, 48:56] = scales.view(np.uint8)
+    elif qtype == Q.MXFP4:  # E8M0 exponent byte: 2^-9 .. 2^-6
+        raw[:, 0] = rng.integers(118, 122, size=n)
+    elif qtype not in HALF_SCALES:
         raise ValueError(f"no random block recipe for {qtype.name}")
     return raw.reshape(rows, -1)
 
 
 def encode(w: np.ndarray, qtype: Q, rng: np.random.Generator) -> np.ndarray:
-    """``w`` stored as ``qtype``: float arrays for F32/F16, raw bytes otherwise."""
+    """``w`` stored as ``qtype``: float arrays for F32/F16, ``w`` quantized for the types
+    ``gguf.quants`` encodes, random well-formed blocks (``random_blocks``) for the others."""
     if qtype == Q.F32:
         return w.astype(np.float32)
     if qtype == Q.F16:
         return w.astype(np.float16)
-    if qtype in (Q.Q4_K, Q.Q6_K):
-        return random_kquant_blocks(w.shape[0], w.shape[1], qtype, rng)
+    if qtype not in ENCODABLE:
+        return random_blocks(w.shape[0], w.shape[1], qtype, rng)
     return quants.quantize(w.astype(np.float32), qtype)
 
 

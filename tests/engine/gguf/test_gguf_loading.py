@@ -5,8 +5,6 @@ Every tiny GGUF comes with its *effective* checkpoint (what its stored values de
 
 from __future__ import annotations
 
-import os
-from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
@@ -23,6 +21,7 @@ from mlxcel.engine.gguf.tensors import PACKED_TYPES, affine_triplet, dequantize_
 from mlxcel.engine.model.loading import default_model_path, load_model
 from mlxcel.engine.platform import qmatmul
 from mlxcel.engine.platform.packed_modules import PackedEmbedding, PackedLinear
+from mlxcel.engine.platform.settings import switched
 
 PROMPT = "The quick brown fox jumps over the lazy dog. def add(a, b):\n    return a + b"
 MIXED = tiny_gguf.mixed({
@@ -48,18 +47,9 @@ def _logits(loaded, text: str = PROMPT) -> mx.array:
     return loaded.model(mx.array([ids]))[0].astype(mx.float32)
 
 
-@contextmanager
 def _weights(mode: str):
     """Load with ``MLXCEL_WEIGHTS=mode`` (``float32``: the exactly dequantized path)."""
-    before = os.environ.get("MLXCEL_WEIGHTS")
-    os.environ["MLXCEL_WEIGHTS"] = mode
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("MLXCEL_WEIGHTS")
-        else:
-            os.environ["MLXCEL_WEIGHTS"] = before
+    return switched(weights=mode)
 
 
 def _assert_same_model(gguf_path: Path, hf_dir: Path, atol: float = 1e-4) -> None:
@@ -139,8 +129,8 @@ def test_quantized_layers_kept_when_policy_says_so(gguf_root, tiny_llama_dir, mo
     assert isinstance(layer.self_attn.v_proj, nn.QuantizedLinear) and layer.self_attn.v_proj.bits == 8
     assert layer.self_attn.q_proj.group_size == 32
     assert isinstance(ours.model.model.embed_tokens, nn.QuantizedEmbedding)
-    # Q5_0 has no MLX layout: dequantized to a plain layer.
-    assert type(layer.self_attn.o_proj) is nn.Linear
+    # Q5_0 is MLX's 5-bit affine layout (engine/gguf/mlx_quant.py).
+    assert isinstance(layer.self_attn.o_proj, nn.QuantizedLinear) and layer.self_attn.o_proj.bits == 5
     monkeypatch.delenv("MLXCEL_WEIGHTS")
     ref = load_model(effective)
     a, b = _logits(ours), _logits(ref)

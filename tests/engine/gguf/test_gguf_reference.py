@@ -5,7 +5,6 @@ with the gguf package and runs the model in torch). Needs the ``reference`` extr
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import mlx.core as mx
 import numpy as np
@@ -13,6 +12,7 @@ import pytest
 import tiny_gguf
 
 from mlxcel.engine.model.loading import default_model_path, load_model
+from mlxcel.engine.platform.settings import switched
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None or importlib.util.find_spec("accelerate") is None,
@@ -29,15 +29,8 @@ def _compare(gguf_path, prompt: str, n_new: int, atol: float = 1e-4) -> None:
     ref = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     ref.eval()
     # the loader's exact path (dequantized float32); the CPU kernels' own checks are in test_qmatmul.py
-    before = os.environ.get("MLXCEL_WEIGHTS")
-    os.environ["MLXCEL_WEIGHTS"] = "float32"
-    try:
+    with switched(weights="float32"):
         ours = load_model(gguf_path)
-    finally:
-        if before is None:
-            del os.environ["MLXCEL_WEIGHTS"]
-        else:
-            os.environ["MLXCEL_WEIGHTS"] = before
     ids = ours.tokenizer.encode(prompt)
     with torch.no_grad():
         ref_tokens = ref.generate(torch.tensor([ids]), max_new_tokens=n_new, do_sample=False,
