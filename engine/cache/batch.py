@@ -56,6 +56,12 @@ def forward_chunk(model, tokens: Sequence[int], cache: list[Any]) -> mx.array:
     return logits
 
 
+def mergeable(cache: list[Any]) -> bool:
+    """Whether a single-sequence cache can join a :class:`DecodeBatch`: every layer's class has mlx-lm's
+    batch ``merge`` (a quantized KV cache has none)."""
+    return bool(cache) and all(hasattr(type(c), "merge") for c in cache)
+
+
 class DecodeBatch:
     """The rows currently decoding, with one batch cache per layer.
 

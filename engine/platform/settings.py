@@ -156,6 +156,10 @@ class Settings:
         "MLXCEL_KERNELS", "auto", USER, "`mlx`: the MLX-native profile, what Metal and CUDA run (MLX's quantized "
         "modules, half precision, mlx-lm's caches and kernels; no CPU kernels, no one-row matmul shim), here on "
         "the CPU; `auto`: that profile on a GPU, mlxcel's CPU kernels on a CPU", _one_of("auto", "mlx"))
+    batch_invariant: Literal["auto", "on", "off"] = _switch(
+        "MLXCEL_BATCH_INVARIANT", "auto", USER, "`auto`: every row forwards alone where the start-up probe finds a "
+        "row's logits depend on the rows beside it (so a request's tokens never depend on its neighbours); `on`: "
+        "always; `off`: never (throughput over that guarantee)", _one_of("auto", "on", "off"))
     weights: Literal["quantized", "float32"] | None = _switch(
         "MLXCEL_WEIGHTS", None, USER, "quantized checkpoints: `quantized` (`q`, `keep`) keeps MLX's own quantized "
         "modules, `float32` (`f32`, `dequantize`) dequantizes them; unset: the CPU kernels on a CPU, MLX's on a GPU",

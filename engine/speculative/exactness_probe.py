@@ -36,6 +36,8 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import RotatingKVCache, make_prompt_cache
 
+from mlxcel.engine.cache.batch import DecodeBatch
+from mlxcel.engine.cache.ragged import RaggedBatch, StepPlan
 from mlxcel.engine.cache.recurrent import StateTape
 from mlxcel.engine.speculative.switches import PROBE_ENV, probe_mode
 
@@ -168,3 +170,56 @@ def _ranges(values: list[int]) -> str:
     if run:
         out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
     return ",".join(out)
+
+
+# -- batch composition ------------------------------------------------------------------------------
+
+_BATCH_CONTEXTS = (5, 12, 3)  # three rows of different lengths
+_batch_verdicts: dict[int, tuple[Any, bool]] = {}
+
+
+def batch_invariant(model: Any, *, vocab_size: int, ragged: bool,
+                    make_cache: Callable[[], list[Any]] | None = None) -> bool:
+    """Does a row get the same logits alone as beside other rows in one batched forward of the
+    backend the server runs (``ragged``: the ragged batch, whose rows bring a pending token, a verify
+    block or a prompt chunk; else mlx-lm's batch cache, one token a row)? Bitwise, every row of the
+    batch against the same row alone, memoized per model. On mlxcel's fused CPU ops it holds by
+    construction (tests/engine/platform/test_qmatmul.py); on float32 weights over OpenBLAS it does not
+    (sgemm rounds a row by the matrix's height); on Metal and CUDA the kernels choose by shape."""
+    hit = _batch_verdicts.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    make_cache = make_cache or (lambda: make_prompt_cache(model))
+    key = mx.random.key(4099)
+    contexts = [mx.random.randint(0, vocab_size, (n,), key=mx.random.split(key, 3)[i]).tolist()
+                for i, n in enumerate(_BATCH_CONTEXTS)]
+    blocks = [c[-1:] + c[:3] for c in contexts] if ragged else [c[-1:] for c in contexts]
+    blocks[1] = blocks[1][:1]  # widths 4, 1, 4: a verify block beside a decode step
+
+    def forward(rows: list[int]) -> list[mx.array]:
+        caches = {}
+        for r in rows:
+            caches[r] = make_cache()
+            model(mx.array([contexts[r]]), cache=caches[r])
+            mx.eval([c.state for c in caches[r]])
+        if ragged:
+            batch = RaggedBatch(model)
+            for r in rows:
+                batch.add(r, caches[r])
+            plan = StepPlan()
+            for r in rows:
+                plan.add(r, blocks[r], batch.length(r))
+            out = batch.forward(plan)
+        else:
+            batch = DecodeBatch(model)
+            for r in rows:
+                batch.add(r, caches[r])
+            logits = batch.step([blocks[r][0] for r in rows])
+            out = [logits[j][None] for j in range(len(rows))]
+        mx.eval(out)
+        return out
+
+    together = forward([0, 1, 2])
+    same = all(bool(mx.array_equal(forward([r])[0], together[r]).item()) for r in range(3))
+    _batch_verdicts[id(model)] = (model, same)
+    return same

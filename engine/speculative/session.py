@@ -182,6 +182,10 @@ class SpeculativeSession:
         self.n_max = 0 if self.declined else max(0, n_max)
         self.n_min = min(max(0, n_min), self.n_max)
         self.diagnostics = diagnostics
+        # False: this session's rounds verify their blocks token by token (a block forward of the target
+        # is not bitwise its one-token forwards, as the server's probe found); None: the drafter's own
+        # gate (a probe-gated drafter asks the probe, any other verifies a block in one forward)
+        self.block_exact: bool | None = None
         self.seed = 0
         self._features: TargetFeatures | None = None
         rule = select_rule(params, has_proposal_distribution=drafter.provides_distribution,
@@ -254,7 +258,7 @@ class SpeculativeSession:
         rest). The caller appends the emitted tokens it keeps and calls :meth:`record`."""
         return verify_round(model, cache, chain, self.drafter, sequence, rule=self.rule, k=self.block(remaining),
                             seed=self.seed, diagnostics=self.diagnostics, synth_probs=self.synth_probs,
-                            grammar=self.grammar, ends=self.ends)
+                            grammar=self.grammar, ends=self.ends, block_exact=self.block_exact)
 
     @property
     def batchable(self) -> bool:

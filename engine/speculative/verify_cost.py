@@ -17,9 +17,13 @@ the fixed cost is the row's alone and that bar is low; as the batch widens the f
 shared and the bar rises towards 1 (:meth:`VerifyCost.draft_cap`). The bar compares a draft with a
 plain step's rate, not with the (higher) rate of drafting rows, so it errs towards drafting.
 
-The cap changes only how many drafts a row proposes, never which tokens are emitted: every rule
-decides on the target's logits of the positions it forwards, which do not depend on the block's
-length or on the other rows (``ragged``'s exactness note). One client (``B = 1``) keeps the
+The cap changes how many drafts a row proposes; it changes which tokens are emitted only where the
+target's logits of a position depend on the block's length or on the other rows, since every rule
+decides on those logits. They do not on mlxcel's fused CPU ops (``ragged``'s exactness note); on
+other backends (MLX's kernels on Metal and CUDA, float32 over OpenBLAS) the server checks both at
+start-up, and where either fails it runs without a cost model (each row's cap is its request's
+``n_max``, a constant) and verifies such rows alone (``server/runtime/invariance.py``), so that no
+row's tokens follow the batch's width or the machine's timings. One client (``B = 1``) keeps the
 session's own ``n_max``, so the single-client case is exactly as before.
 
 Where the model comes from: measured once at load (:func:`measure`: the ragged forward timed at
