@@ -37,10 +37,13 @@ log = logging.getLogger(__name__)
 
 
 def load_target(model: str | Path | None = None, *, hf_repo: str | None = None,
-                hf_file: str | None = None, shard: Callable[[nn.Module], None] | None = None) -> LoadedModel:
+                hf_file: str | None = None, shard: Callable[[nn.Module], None] | None = None,
+                mmproj: str | None = None, mmproj_auto: bool = False) -> LoadedModel:
     """``engine.model.loading.load_model`` for a model that is to be served or verified against:
-    a drafter-only checkpoint is refused with a message naming where it runs."""
-    return load_model(model, hf_repo=hf_repo, hf_file=hf_file, check_config=refuse_as_model, shard=shard)
+    a drafter-only checkpoint is refused with a message naming where it runs. A vision tower is
+    loaded only when asked (``mmproj``, or ``mmproj_auto``: the server's; a draft model never needs one)."""
+    return load_model(model, hf_repo=hf_repo, hf_file=hf_file, check_config=refuse_as_model, shard=shard,
+                      mmproj=mmproj, mmproj_auto=mmproj_auto)
 
 
 def load(choice: Choice, target: LoadedModel, *, lookup: LookupOptions = LookupOptions(),

@@ -106,3 +106,20 @@ def hybrid(hybrid_dirs):
     from mlxcel.engine.model.loading import load_model
 
     return {arch: load_model(d) for arch, d in hybrid_dirs.items()}
+
+
+@pytest.fixture(scope="session")
+def vision_files(checkpoints_root) -> dict[str, dict[str, Path]]:
+    """Per vision family (``gemma3``, ``qwen2_5_vl``): its tiny checkpoint as mlx-vlm saves one (``dir``),
+    and as llama.cpp's converter writes it, the text model (``gguf``) and the projector (``mmproj``).
+    Skipped, saying so, without mlx-vlm (the ``vision`` extra)."""
+    pytest.importorskip("mlx_vlm", reason="the vision tests need mlx-vlm (pip install 'mlxcel[vision]')")
+    import tiny_vision
+
+    out = {}
+    for family in ("gemma3", "qwen2_5_vl"):
+        root = checkpoints_root / f"vision-{family}"
+        vlm = tiny_vision.build_vlm_dir(root / "mlx", family, seed=5)
+        out[family] = {"dir": vlm, "gguf": tiny_vision.write_text_gguf(vlm, root / "model.gguf"),
+                       "mmproj": tiny_vision.write_mmproj(vlm, root / "mmproj-model.gguf")}
+    return out

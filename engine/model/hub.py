@@ -199,8 +199,8 @@ def fetch(hub_plan: HubPlan, progress: Progress | None = None) -> HubModel:
         else:
             local[name] = download(choice.repo, name, progress)
     if choice.mmproj:
-        log.info("%s: %s is the model's multimodal projector; recorded, not fetched or loaded (mlxcel serves "
-                 "text)", choice.repo, choice.mmproj)
+        log.info("%s: %s is the model's multimodal projector (fetched and loaded with the model, unless "
+                 "--no-mmproj)", choice.repo, choice.mmproj)
     if choice.primary is not None:
         path = local[choice.primary]
     else:

@@ -22,6 +22,7 @@ from mlxcel.engine.model.heap_freeze import freeze_loaded_heap
 from mlxcel.engine.model.hub import resolve as resolve_hub
 from mlxcel.engine.model.hub_select import split_name
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.model.vision_loading import attach_vision
 from mlxcel.engine.platform import device
 from mlxcel.engine.platform.packed_modules import pack_affine_modules, pack_float_modules
 
@@ -70,6 +71,8 @@ def load_model(
     hf_file: str | None = None,
     check_config: Callable[[Path, dict], None] | None = None,
     shard: Callable[[nn.Module], None] | None = None,
+    mmproj: str | Path | None = None,
+    mmproj_auto: bool = True,
 ) -> LoadedModel:
     """Load a model for inference. ``model`` is a GGUF file or an MLX/HF directory; with
     neither ``model`` nor ``hf_repo`` the built-in default model is loaded. ``hf_repo`` is ``-hf``'s
@@ -80,11 +83,16 @@ def load_model(
     and raises to refuse it; the drafter registry passes one that refuses drafter-only
     checkpoints (``mlxcel.drafters.registry.load_target``). ``shard(model)`` cuts the model into
     this rank's part (``engine.distributed.sharding``) before the device's graph changes; a
-    directory is then loaded lazily, so only the shard's weights are read."""
-    mmproj = None
+    directory is then loaded lazily, so only the shard's weights are read.
+
+    ``mmproj`` (``--mmproj``) is a projector GGUF to serve images with; without it a vision
+    checkpoint directory's own tower, or ``-hf``'s projector, is used unless ``mmproj_auto`` is off
+    (``--no-mmproj``); ``vision_loading`` decides, and ``loaded.vision`` holds the tower."""
+    mmproj_name = hub_projector = None
     if model is None and hf_repo:
         hub_model = resolve_hub(hf_repo, hf_file)
-        path, mmproj = hub_model.path, hub_model.choice.mmproj
+        path, mmproj_name = hub_model.path, hub_model.choice.mmproj
+        hub_projector = (hub_model.choice.repo, mmproj_name) if mmproj_name else None
     elif model is None:
         path = default_model_path()
     else:
@@ -104,12 +112,14 @@ def load_model(
     else:
         raise ModelLoadError(f"{path} is neither a GGUF file nor a model directory")
     loaded.name = loaded.name or path.name
-    if mmproj:  # the projector -hf found beside the model: recorded for when media input is served
-        loaded.metadata["hub_mmproj"] = mmproj
+    if mmproj_name:  # the projector -hf found beside the model (attach_vision below fetches and loads it)
+        loaded.metadata["hub_mmproj"] = mmproj_name
     if device.float_kernels():
         pack_float_modules(loaded.model)
         mx.eval(loaded.model.parameters())
     device.prepare_for_decode(loaded.model)
+    # after the device's graph changes: an M-RoPE tower teaches the final rotary modules its positions
+    attach_vision(loaded, mmproj=mmproj, auto=mmproj_auto, sharded=shard is not None, hub=hub_projector)
     freeze_loaded_heap()
     return loaded
 

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import secrets
-import string
 import time
 
 from mlxcel.server.http.formats.openai import SYSTEM_FINGERPRINT
 from mlxcel.server.http.formats.settings import slot_params
+from mlxcel.server.http.media import MEDIA_MARKER
 from mlxcel.server.runtime.slots import Slot
 from mlxcel.server.runtime.task import GenerationOptions
 
-MEDIA_MARKER = "<__media_" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(32)) + "__>"
 CREATED = int(time.time())
 
 
@@ -32,7 +30,7 @@ def props(state) -> dict:
         "model_alias": state.model_name,
         "model_ftype": _ftype(loaded),
         "model_path": str(state.config.model or loaded.path),
-        "modalities": {"vision": False, "video": False, "audio": False},
+        "modalities": {"vision": loaded.vision is not None, "video": False, "audio": False},
         "media_marker": MEDIA_MARKER,
         "endpoint_slots": state.config.slots,
         "endpoint_props": state.config.props,
@@ -62,7 +60,8 @@ def models(state) -> dict:
     return {
         "models": [{
             "name": name, "model": name, "modified_at": "", "size": "", "digest": "", "type": "model",
-            "description": "", "tags": [""], "capabilities": ["completion"], "parameters": "",
+            "description": "", "tags": [""], "parameters": "",
+            "capabilities": ["completion", "multimodal"] if loaded.vision is not None else ["completion"],
             "details": {"parent_model": "", "format": loaded.source, "family": "", "families": [""],
                         "parameter_size": "", "quantization_level": ""},
         }],
@@ -72,7 +71,8 @@ def models(state) -> dict:
             "aliases": list(state.aliases),
             "tags": list(state.tags),
             "object": "model",
-            "architecture": {"input_modalities": ["text"], "output_modalities": ["text"]},
+            "architecture": {"input_modalities": ["text", "image"] if loaded.vision is not None else ["text"],
+                             "output_modalities": ["text"]},
             "created": CREATED,
             "owned_by": "llamacpp",
             "meta": {

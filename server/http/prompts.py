@@ -2,7 +2,8 @@
 
 - a string;
 - an array of token ids, or of ids and strings mixed (one prompt, pieces concatenated);
-- an object ``{"prompt_string": ...}`` (the multimodal form; text only here);
+- an object ``{"prompt_string": ...}`` (the multimodal form: its ``multimodal_data`` images are read by
+  the plan, ``http.media``; on a text model they are refused here);
 - an array of any of the above that is not itself a token array: several prompts, one result each.
 """
 
@@ -10,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxcel.server.http.media import multimodal_prompt_refused
+from mlxcel.engine.vision.prompt import MarkerMismatch, PromptMedia, marked_prompt
+from mlxcel.server.http.media import MEDIA_MARKER, multimodal_prompt_refused
 from mlxcel.server.runtime.errors import invalid
 
 PROMPT_FORMS = ('"prompt" elements must be a string, a list of tokens, a JSON object containing a prompt string, '
@@ -74,6 +76,16 @@ def tokenize_prompt(loaded, prompt: Any) -> list[int]:
             ids = bos_prefix(loaded) + ids
         return ids
     raise invalid(PROMPT_FORMS)
+
+
+def tokenize_media_prompt(loaded, text: str, images: list) -> tuple[list[int], PromptMedia]:
+    """Prompt text whose media markers stand for ``images`` (in order) as token ids, each image holding
+    its embeddings' positions, with BOS when the model adds one (``engine.vision.prompt``)."""
+    try:
+        return marked_prompt(text, MEDIA_MARKER, images, loaded.vision,
+                             lambda piece: tokenize_text(loaded.tokenizer, piece, add_special=False), bos_prefix(loaded))
+    except MarkerMismatch as exc:
+        raise invalid(str(exc)) from None
 
 
 def check_tokens(ids: list[int], vocab_size: int) -> None:

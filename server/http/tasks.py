@@ -29,7 +29,7 @@ def open_tasks(state: ServerState, plan: CompletionPlan) -> list[TaskHandle]:
         for p, tokens in enumerate(plan.prompts):
             for k in range(plan.n):
                 handles.append(state.scheduler.open(tokens, plan.options, index=p * plan.n + k,
-                                                    t_arrival=plan.t_arrival))
+                                                    t_arrival=plan.t_arrival, media=plan.media_of(p * plan.n + k)))
     except BaseException:
         for h in handles:
             h.cancel()

@@ -188,6 +188,11 @@ CASES: dict[str, ArchCase] = {c.id: c for c in [
                                       num_experts_per_tok=2), _mixtral),
     ArchCase("qwen2", "qwen2", _cfg(model_type="qwen2", architectures=["Qwen2ForCausalLM"], tie_word_embeddings=True)),
     ArchCase("qwen3", "qwen3", _cfg(model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=32)),
+    # the text model of Qwen2/2.5-VL: Qwen2's tensors, M-RoPE sections in the metadata (ordinary RoPE for text)
+    ArchCase("qwen2vl", "qwen2vl", _cfg(model_type="qwen2_5_vl", architectures=["Qwen2_5_VLForConditionalGeneration"],
+                                        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                                        tie_word_embeddings=True),
+             lambda params, config: {k.removeprefix("language_model."): v for k, v in params.items()}),
     ArchCase("qwen2moe", "qwen2moe", _cfg(model_type="qwen2_moe", architectures=["Qwen2MoeForCausalLM"], num_experts=4,
                                           num_experts_per_tok=2, moe_intermediate_size=32,
                                           shared_expert_intermediate_size=48), _moe),

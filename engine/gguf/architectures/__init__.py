@@ -12,6 +12,7 @@ from mlxcel.engine.gguf.architectures.llama import Llama, SeedOss, SmolLM3
 from mlxcel.engine.gguf.architectures.olmo import Olmo2, Olmoe
 from mlxcel.engine.gguf.architectures.phi3 import Phi3
 from mlxcel.engine.gguf.architectures.qwen import Qwen2, Qwen2Moe, Qwen3, Qwen3Moe
+from mlxcel.engine.gguf.architectures.qwen2vl import Qwen2VL
 from mlxcel.engine.gguf.architectures.qwen_hybrid import Qwen3Next, Qwen35, Qwen35Moe
 from mlxcel.engine.gguf.architectures.small_families import Ernie45, Exaone4
 from mlxcel.engine.gguf.architectures.starcoder2 import Starcoder2
@@ -22,7 +23,7 @@ ARCHITECTURES: dict[str, Architecture] = {
         Llama(), Qwen2(), Qwen3(), Qwen2Moe(), Qwen3Moe(),
         Gemma(), Gemma2(), Gemma3(), Gemma3n(), Phi3(), Olmo2(), Granite(), GraniteMoe(), Starcoder2(),
         GptOss(), Deepseek2(), Lfm2(), Qwen3Next(), Qwen35(), Qwen35Moe(),
-        SmolLM3(), SeedOss(), Olmoe(), Ernie45(), Exaone4(),
+        SmolLM3(), SeedOss(), Olmoe(), Ernie45(), Exaone4(), Qwen2VL(),
     )
 }
 

@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover
     _compile_jinja_template = None
 
 from mlxcel.server.http.chat import legacy_templates
-from mlxcel.server.http.media import refuse_content_part
+from mlxcel.server.http.media import MarkersOnly, MediaCollector, content_part_text, joined
 from mlxcel.server.runtime.errors import invalid
 
 CHATML = (
@@ -52,9 +52,11 @@ def legacy_format(source: str, from_override: bool) -> str | None:
     return name
 
 
-def normalize_messages(messages: Any, join: str = "\n") -> list[dict]:
-    """Validate OpenAI-style messages; content parts of type ``text`` are joined into a string with
-    ``join`` (upstream joins them with a newline for templates that take string content)."""
+def normalize_messages(messages: Any, join: str = "\n", media: MediaCollector | MarkersOnly | None = None) -> list[dict]:
+    """Validate OpenAI-style messages; content parts are joined into a string with ``join`` between
+    text parts (upstream joins them with a newline for templates that take string content). Image
+    parts become media markers, their images read into ``media`` (``http.media``); without ``media``
+    (a text model) they are refused, as upstream refuses them without a projector."""
     if messages is None:
         raise invalid("'messages' is required")
     if not isinstance(messages, list):
@@ -73,13 +75,7 @@ def normalize_messages(messages: Any, join: str = "\n") -> list[dict]:
                           f"expected one of {', '.join(sorted(ROLES))}")
         content = msg.get("content")
         if isinstance(content, list):
-            parts = []
-            for part in content:
-                refuse_content_part(part)  # media and unknown types, as upstream without a projector
-                if not isinstance(part.get("text"), str):
-                    raise invalid("Failed to parse messages: a text content part needs a string 'text'")
-                parts.append(part["text"])
-            content = join.join(parts)
+            content = joined([content_part_text(part, media) for part in content], join)
         elif content is None:
             content = ""
         elif not isinstance(content, str):

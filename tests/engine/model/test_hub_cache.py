@@ -110,7 +110,10 @@ def test_loading_from_hf_records_the_projector_and_reports_progress(cache, caplo
     progress = [r for r in caplog.records if "of tensors" in r.getMessage()]
     assert progress and progress[-1].getMessage().startswith("tiny-Q8_0.gguf: loaded 100% of tensors")
     assert all(r.levelno == logging.DEBUG for r in progress)  # a small file reports at the debug level only
-    assert any("multimodal projector; recorded, not fetched or loaded" in r.getMessage() for r in caplog.records)
+    assert any("multimodal projector (fetched and loaded" in r.getMessage() for r in caplog.records)
+    # this projector is a placeholder, not a GGUF: the model is served as a text model, with a warning saying why
+    assert loaded.vision is None
+    assert any("as a text model" in r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
 
 
 def test_a_small_file_reports_at_the_debug_level_unless_the_threshold_is_lowered(cache, caplog):

@@ -150,7 +150,7 @@ def test_anthropic_blocks_become_chat_messages_in_order():
     ({"max_tokens": 1, "messages": []}, "at least one message"),
     ({"max_tokens": 0, "messages": [{"role": "user", "content": "q"}]}, "at least 1"),
     ({"max_tokens": 1, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-     "image input is not supported"),
+     "an image block's 'source' must be of type 'base64' or 'url'"),
     ({"max_tokens": 1, "messages": [{"role": "user", "content": "q"}], "tool_choice": {"type": "some"}},
      "tool_choice"),
     # a field of the chat request the translation reads must have its type checked first (a list or

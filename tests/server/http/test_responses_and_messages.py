@@ -211,7 +211,10 @@ def test_responses_refusals_are_clear_400s(server):
                          ({"input": [{"type": "input_image"}]}, "items of type 'input_image'"),
                          ({"input": [{}]}, "Cannot determine type"),
                          ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
-                          "image input is not supported"),
+                          "image input is not supported - hint: if this is unexpected, you may need to provide the "
+                          "mmproj"),
+                         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+                          "'image_url' is required"),
                          ({"input": "x", "truncation": "auto"}, "truncation"),
                          ({"input": "x", "include": ["file_search_call.results"]}, "include"),
                          ({"input": "x", "max_output_tokens": "many"}, "max_output_tokens")]:
@@ -333,3 +336,52 @@ def test_an_engine_failure_ends_each_api_in_its_own_shape(server, oai):
     r = httpx.post(server.url + "/v1/messages", headers={"x-api-key": KEY},
                    json={"max_tokens": 5, "messages": [{"role": "user", "content": FAULT}]}, timeout=60)
     assert r.status_code == 500 and r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error"
+
+
+# -- Predicted outputs on chat completions, through the official client --------------------------------
+
+THOUGHT = "<think> one two three</think>"
+SUNNY = THOUGHT + "\n\nIt is sunny in Paris."
+
+
+def tokens(server, text: str) -> list[int]:
+    return post(server, "/tokenize", {"content": text, "parse_special": False}).json()["tokens"]
+
+
+def test_a_prediction_speeds_the_known_answer_and_is_counted_as_openai_counts_it(oai, server):
+    """The scripted answer is seven tokens (``<think>``, `` one``, `` two``, `` three``, ``</think>``, the
+    sentence, the end token). Predicting it exactly: the prefill writes the first token, one round verifies
+    the other five as drafts, every prediction token is accepted. Predicting it with the sentence changed:
+    the five thinking tokens are accepted, the changed sentence's tokens rejected. The answer is the same."""
+    ask = dict(model="m", messages=[{"role": "user", "content": QUESTION}], extra_body=bias(NO_CALL))
+    plain = oai.chat.completions.create(**ask)
+    assert plain.usage.completion_tokens_details is None  # no prediction, no counts (upstream sends none)
+    exact = oai.chat.completions.create(**ask, prediction={"type": "content", "content": SUNNY})
+    assert exact.choices[0].message.content == plain.choices[0].message.content == "It is sunny in Paris."
+    assert len(tokens(server, SUNNY)) == 6
+    details = exact.usage.completion_tokens_details
+    assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (6, 0)
+    timings = exact.model_extra["timings"]
+    assert (timings["draft_kind"], timings["draft_rounds"], timings["draft_n"], timings["draft_n_accepted"]) == (
+        "prediction+prompt-lookup", 1, 5, 5)
+    cloudy = THOUGHT + "\n\nIt is cloudy in Paris."
+    edited = oai.chat.completions.create(**ask, prediction={"type": "content", "content": [
+        {"type": "text", "text": THOUGHT}, {"type": "text", "text": "\n\nIt is cloudy in Paris."}]})
+    assert edited.choices[0].message.content == "It is sunny in Paris."
+    details = edited.usage.completion_tokens_details
+    assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (5, len(tokens(server, cloudy)) - 5)
+    stream = oai.chat.completions.create(**ask, prediction={"type": "content", "content": SUNNY}, stream=True,
+                                         stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "It is sunny in Paris."
+    details = chunks[-1].usage.completion_tokens_details
+    assert (details.accepted_prediction_tokens, details.rejected_prediction_tokens) == (6, 0)
+
+
+def test_a_bad_prediction_is_a_400_through_the_client(oai):
+    for bad, needle in (({"type": "text", "content": "x"}, "type must be 'content'"),
+                        ({"type": "content", "content": [{"type": "image_url"}]}, "not a text part"),
+                        ({"type": "content", "content": "word " * 2000}, "more than the context")):
+        with pytest.raises(openai.BadRequestError) as err:
+            oai.chat.completions.create(model="m", messages=[{"role": "user", "content": QUESTION}], prediction=bad)
+        assert needle in str(err.value), bad

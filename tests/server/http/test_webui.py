@@ -1,9 +1,9 @@
 """The web chat page in a real headless Chromium (Debian's ``chromium``, driven by Playwright's
 Python API; Playwright's own browser is never downloaded), against a real server running prompt
 lookup behind an API key: the page asks for the key once, streams a reply, shows the speculation
-badge and highlights accepted drafts, and stops a reply. A screenshot of each lands in
-``test-artifacts/`` (gitignored). Also: the per-token draft flags agree with the timings, and
-``--path`` / ``--no-ui`` serve what upstream serves."""
+badge and highlights accepted drafts, sends a predicted output and shows its use, and stops a reply.
+A screenshot of each lands in ``test-artifacts/`` (gitignored). Also: the per-token draft flags agree
+with the timings, and ``--path`` / ``--no-ui`` serve what upstream serves."""
 
 from __future__ import annotations
 
@@ -82,6 +82,7 @@ def test_chat_streams_and_shows_speculation(browser, server, tmp_path):
     page, errors, asked = open_page(browser, server)
     assert len(asked) == 1 and "API key" in asked[0]  # asked once, then kept
     assert "SmolLM2" in page.inner_text("#model") and "context 2048" in page.inner_text("#modelinfo")  # from /props
+    assert not page.is_visible("#attach")  # a text model: no image button (/props modalities.vision is false)
     set_field(page, "temperature", "0")
     set_field(page, "max_tokens", "40")
     page.fill("#input", REPEAT)
@@ -103,6 +104,37 @@ def test_chat_streams_and_shows_speculation(browser, server, tmp_path):
     page.reload()  # the conversation and the key survive a reload, and nothing asks again
     page.wait_for_selector(".msg.assistant .badge")
     assert len(asked) == 1 and page.locator(".msg.assistant .drafted").count() > 0
+    assert errors == []
+    page.context.close()
+
+
+def test_a_predicted_output_goes_with_the_request_and_its_use_is_shown(browser, server, tmp_path):
+    """The settings' predicted output is sent as OpenAI's ``prediction``: the reply is the one the API
+    gives without it (temperature 0), it drafted from the prediction ahead of the server's prompt lookup,
+    and the badge shows how many of the prediction's tokens the reply used."""
+    ask = {"messages": [{"role": "user", "content": REPEAT}], "max_tokens": 40, "temperature": 0}
+    answer = httpx.post(server.url + "/v1/chat/completions", json=ask, timeout=240,
+                        headers={"Authorization": f"Bearer {KEY}"}).json()["choices"][0]["message"]["content"]
+    page, errors, _ = open_page(browser, server)
+    set_field(page, "temperature", "0")
+    set_field(page, "max_tokens", "40")
+    page.click("#settings-button")
+    page.fill("#prediction", answer)
+    page.click("#settings-close")
+    page.fill("#input", REPEAT)
+    page.click("#send")
+    page.wait_for_selector(".msg.assistant .badge .prediction", timeout=240_000)
+    reply = stored_reply(page)
+    assert reply["content"] == answer
+    timings, used = reply["stats"]["timings"], reply["stats"]["usage"]["completion_tokens_details"]
+    assert timings["draft_kind"] == "prediction+prompt-lookup" and timings["draft_n_accepted"] > 0, timings
+    assert used["accepted_prediction_tokens"] > 0, used
+    assert (f"prediction: {used['accepted_prediction_tokens']} tokens used, {used['rejected_prediction_tokens']} not"
+            in page.inner_text(".msg.assistant .badge"))
+    shot(page, "webui-prediction", tmp_path)
+    page.reload()  # the box is kept with the other settings
+    page.click("#settings-button")
+    assert page.input_value("#prediction") == answer
     assert errors == []
     page.context.close()
 

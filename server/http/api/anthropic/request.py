@@ -15,8 +15,10 @@ for: ``max_tokens`` is required (upstream defaults it to 4096), ``messages`` mus
 message at least, a named ``tool_choice`` names the function (upstream only requires a call),
 ``tool_choice: none`` and ``disable_parallel_tool_use`` are honoured, ``thinking`` ``enabled`` /
 ``disabled`` also switch the template's ``enable_thinking`` (upstream only sets the budget), and
-the blocks of a message keep their order (a ``tool_result`` after text stays after it). Images
-and documents are refused with a 400: text models only.
+the blocks of a message keep their order (a ``tool_result`` after text stays after it). An ``image``
+block (a base64 ``source`` as a data URL, or a ``url`` one) becomes a chat ``image_url`` part, as
+upstream translates it, in a message or a tool result; the chat plan reads it (or refuses it on a text
+model). Documents are refused with a 400.
 """
 
 from __future__ import annotations
@@ -28,8 +30,7 @@ from typing import Any
 from mlxcel.server.http.body_fields import typed
 from mlxcel.server.runtime.errors import invalid
 
-IMAGE_REFUSAL = ("image input is not supported: mlxcel-server serves text models only "
-                 "(image and document blocks are refused)")
+DOCUMENT_REFUSAL = "document blocks are not supported (text and image blocks are)"
 _BILLING_STAMP = re.compile(r"^(x-anthropic-billing-header:.*?cch=)[0-9a-zA-Z]{5};")
 # Anthropic fields read here; every other field of the body goes through to the chat request
 _CONSUMED = ("model", "messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice", "thinking",
@@ -52,23 +53,42 @@ def _system_text(system: Any) -> str | None:
     return "\n\n".join(_BILLING_STAMP.sub(r"\1fffff;", text) for text in blocks)
 
 
-def _tool_result_text(content: Any, where: str) -> str:
+def _image_part(block: dict, where: str) -> dict:
+    """An ``image`` block as a chat ``image_url`` part."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media_type = source.get("media_type") or "image/jpeg"
+        if not isinstance(media_type, str) or not isinstance(source.get("data"), str):
+            raise invalid(f"{where}: a base64 image source requires 'data' (a string)")
+        return {"type": "image_url", "image_url": {"url": f"data:{media_type};base64,{source['data']}"}}
+    if kind == "url":
+        return {"type": "image_url", "image_url": {"url": source.get("url")}}
+    raise invalid(f"{where}: an image block's 'source' must be of type 'base64' or 'url'")
+
+
+def _tool_result_content(content: Any, where: str) -> str | list[dict]:
+    """A tool result's content: its text, or (with images) its text and image parts."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise invalid(f"{where}: 'content' of a tool_result must be a string or an array of blocks")
-    texts = []
+    parts = []
     for block in content:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
-        elif kind in ("image", "document"):
-            raise invalid(IMAGE_REFUSAL)
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image":
+            parts.append(_image_part(block, where))
+        elif kind == "document":
+            raise invalid(DOCUMENT_REFUSAL)
         else:
-            raise invalid(f"{where}: a tool_result holds text blocks, not {kind!r}")
-    return "\n".join(texts)
+            raise invalid(f"{where}: a tool_result holds text and image blocks, not {kind!r}")
+    if all(p["type"] == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
 
 
 def _message(msg: Any, i: int) -> list[dict]:
@@ -117,9 +137,11 @@ def _message(msg: Any, i: int) -> list[dict]:
             if not isinstance(block.get("tool_use_id"), str):
                 raise invalid(f"{at}: a tool_result block requires 'tool_use_id' (a string)")
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                        "content": _tool_result_text(block.get("content"), at)})
-        elif kind in ("image", "document"):
-            raise invalid(IMAGE_REFUSAL)
+                        "content": _tool_result_content(block.get("content"), at)})
+        elif kind == "image":
+            current()["content"].append(_image_part(block, at))
+        elif kind == "document":
+            raise invalid(DOCUMENT_REFUSAL)
         else:
             raise invalid(f"{at}: content blocks of type {str(kind)[:64]!r} are not supported (text, thinking, "
                           "tool_use and tool_result are)")

@@ -34,8 +34,7 @@ from mlxcel.server.runtime.errors import ApiError, invalid, json_type_name
 
 log = logging.getLogger(__name__)
 ENCRYPTED_PREFIX = "mlxcel-reasoning:"  # the encrypted_content this server writes: base64 of the text
-IMAGE_REFUSAL = ("image input is not supported: mlxcel-server serves text models only "
-                 "(input_image / input_file parts are refused)")
+FILE_REFUSAL = "'input_file' is not supported by llamacpp at this moment"  # upstream's words
 INCLUDES = ("reasoning.encrypted_content",)
 # Responses fields that have no chat counterpart; what is honoured is read before they are dropped
 _CONSUMED = ("input", "instructions", "tools", "tool_choice", "max_output_tokens", "reasoning", "text", "store",
@@ -70,7 +69,9 @@ def not_found(response_id: str) -> ApiError:
 
 
 def _text_parts(content: Any, where: str, *, output: bool) -> list[dict]:
-    """Message content (a string or parts) as chat text parts."""
+    """Message content (a string or parts) as chat content parts: text, and (input only) an
+    ``input_image``'s ``image_url`` as a chat ``image_url`` part, as upstream translates it (the chat plan
+    reads the image, or refuses it on a text model)."""
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
@@ -86,8 +87,15 @@ def _text_parts(content: Any, where: str, *, output: bool) -> list[dict]:
             if not isinstance(part.get("refusal"), str):
                 raise invalid(f"{where}: a 'refusal' part requires 'refusal' (a string)")
             parts.append({"type": "text", "text": part["refusal"]})
-        elif kind in ("input_image", "input_file", "input_audio"):
-            raise invalid(IMAGE_REFUSAL)
+        elif kind == "input_image" and not output:
+            if part.get("image_url") is None:
+                raise invalid(f"{where}: 'image_url' is required")
+            url = part["image_url"]
+            parts.append({"type": "image_url", "image_url": url if isinstance(url, dict) else {"url": url}})
+        elif kind == "input_file":
+            raise invalid(FILE_REFUSAL)
+        elif kind == "input_audio":
+            raise invalid("audio input is not supported")
         else:
             allowed = "'output_text' or 'refusal'" if output else "'input_text', 'input_image' or 'input_file'"
             raise invalid(f"{where}: 'type' of a content part must be {allowed}, not {kind!r}")
@@ -166,7 +174,8 @@ def input_messages(value: Any) -> list[dict]:
                 raise invalid(f"{where}: a function_call_output item requires 'call_id' (a string)")
             output = item.get("output")
             if isinstance(output, list):
-                output = "".join(p["text"] for p in _text_parts(output, where, output=False))
+                parts = _text_parts(output, where, output=False)
+                output = parts if any(p["type"] != "text" for p in parts) else "".join(p["text"] for p in parts)
             elif not isinstance(output, str):
                 raise invalid(f"{where}: 'output' of a function_call_output item must be a string or an array")
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": output})
