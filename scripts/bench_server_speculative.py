@@ -40,6 +40,16 @@ keep asking is measured by what it serves per second, which is what this mode re
 ceiling is then the mean over the clients of ``n / (n - accepted)``.
 
     ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py --concurrent --sustained 20
+
+``--prediction`` measures OpenAI's predicted outputs instead: an edit of a 60-line Python file (rename a
+method, show the whole file), sent through the ``openai`` client with and without the file as its
+``prediction`` (arms ``plain`` and ``predicted`` on one server without a drafter; ``lookup`` and
+``lookup+predicted`` on a second one with prompt lookup, when asked), greedy and under a seed, arms
+alternating, best of the repeats. The outputs must be identical between the arms. SmolLM2-135M does
+not reproduce a 60-line file, so this mode wants a model that does the edit:
+
+    ./scripts/with-blas .venv/bin/python scripts/bench_server_speculative.py --prediction \
+        -m models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf [--repeats 1] [--arms plain,predicted,lookup]
 """
 
 from __future__ import annotations
@@ -128,6 +138,69 @@ def names_upper(people):
         result.append(person["name"].upper())
     return result
 '''
+INVENTORY = '''from dataclasses import dataclass
+
+
+@dataclass
+class Item:
+    name: str
+    price: float
+    quantity: int
+
+
+class Inventory:
+    def __init__(self):
+        self.items = {}
+
+    def add(self, name, price, quantity):
+        if name in self.items:
+            self.items[name].quantity += quantity
+        else:
+            self.items[name] = Item(name, price, quantity)
+
+    def remove(self, name, quantity):
+        item = self.items.get(name)
+        if item is None:
+            return False
+        if item.quantity < quantity:
+            return False
+        item.quantity -= quantity
+        if item.quantity == 0:
+            del self.items[name]
+        return True
+
+    def total_value(self):
+        total = 0.0
+        for item in self.items.values():
+            total += item.price * item.quantity
+        return total
+
+    def cheapest(self):
+        best = None
+        for item in self.items.values():
+            if best is None or item.price < best.price:
+                best = item
+        return best
+
+    def names(self):
+        return sorted(self.items)
+
+
+def load(lines):
+    inventory = Inventory()
+    for line in lines:
+        name, price, quantity = line.strip().split(",")
+        inventory.add(name, float(price), int(quantity))
+    return inventory
+
+
+def report(inventory):
+    for name in inventory.names():
+        item = inventory.items[name]
+        print(f"{name}: {item.quantity} at {item.price:.2f}")
+'''  # 60 lines
+EDIT_FILE = ("Rename the method `total_value` to `value` in this Python file and show the whole updated file:\n\n"
+             f"```python\n{INVENTORY}```")
 WORKLOADS = {
     "edit-paragraph": f"Rewrite the following paragraph exactly as it is, changing only 'lighthouse' to "
                       f"'tower':\n\n{PARAGRAPH}",
@@ -307,6 +380,75 @@ def concurrent(args, model_args) -> int:
     return 0
 
 
+PREDICTION_ARMS = {"plain": False, "predicted": True, "lookup": False, "lookup+predicted": True}  # arm: sends it
+SAMPLINGS = {"greedy": {"temperature": 0}, "seeded": {"temperature": 0.7, "seed": 42}}
+
+
+def predicted_request(client, sampling: dict, max_tokens: int, predict: bool) -> dict:
+    """One edit of the 60-line file through the openai client, with the file as its prediction or not."""
+    extra = {"prediction": {"type": "content", "content": INVENTORY}} if predict else {}
+    t0 = time.perf_counter()
+    r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": EDIT_FILE}],
+                                       max_tokens=max_tokens, extra_body={"cache_prompt": False}, **sampling, **extra)
+    wall = time.perf_counter() - t0
+    t = r.model_extra["timings"]
+    n, accepted = t["predicted_n"], t.get("draft_n_accepted", 0)
+    details = r.usage.completion_tokens_details
+    return {"decode_tps": t["predicted_per_second"], "wall_tps": n / wall, "n": n, "rounds": t.get("draft_rounds", 0),
+            "tpf": (n - 1) / max(n - 1 - accepted, 1), "drafted": t.get("draft_n", 0), "accepted": accepted,
+            "kind": t.get("draft_kind", "-"), "text": r.choices[0].message.content,
+            "prediction": (f"{details.accepted_prediction_tokens}/{details.rejected_prediction_tokens}"
+                           if details is not None and details.accepted_prediction_tokens is not None else "-")}
+
+
+def predicted_outputs(args, model_args) -> int:
+    """The ``--prediction`` mode (module docstring)."""
+    import openai
+
+    arms = args.arms.split(",") if args.arms else ["plain", "predicted"]
+    servers = {"plain": ServerProcess(*model_args, "-c", "4096", "-np", "1", timeout=600)}
+    try:
+        if any(a.startswith("lookup") for a in arms):
+            servers["lookup"] = ServerProcess(*model_args, "-c", "4096", "-np", "1", "--spec-type", "ngram-simple",
+                                              timeout=600)
+        clients = {name: openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0, timeout=3600)
+                   for name, s in servers.items()}
+        for client in clients.values():  # warm each server, verify blocks included (the first wide forward is slow)
+            predicted_request(client, SAMPLINGS["greedy"], 96, True)
+        load = os.getloadavg()[0]
+        best: dict[tuple[str, str], dict] = {}
+        for rep in range(args.repeats):
+            for sampling, fields in SAMPLINGS.items():
+                for arm in (arms if rep % 2 == 0 else arms[::-1]):
+                    client = clients["lookup" if arm.startswith("lookup") else "plain"]
+                    r = predicted_request(client, fields, args.max_tokens, PREDICTION_ARMS[arm])
+                    if (sampling, arm) not in best or r["decode_tps"] > best[(sampling, arm)]["decode_tps"]:
+                        best[(sampling, arm)] = r
+                    print(f"  rep {rep} {sampling:7s} {arm:17s} {r['n']} tokens, decode {r['decode_tps']:6.1f} tok/s, "
+                          f"wall {r['wall_tps']:6.1f} tok/s, tokens/forward {r['tpf']:.2f}", file=sys.stderr)
+        load_after = os.getloadavg()[0]
+    finally:
+        for server in servers.values():
+            server.stop()
+    for sampling in SAMPLINGS:
+        for arm in arms:
+            assert best[(sampling, arm)]["text"] == best[(sampling, "plain")]["text"], f"{sampling}: {arm} output differs"
+    name = Path(args.model).name if args.model else "SmolLM2-135M-Instruct"
+    print(f"{name}: a 60-line file edited (rename a method, the whole file back), best of {args.repeats}, one "
+          f"client; load average {load:.2f} before, {load_after:.2f} after. Outputs identical across arms.\n")
+    print("| sampling | arm | tokens | tokens/forward | rounds | accepted/drafted | draft kind | prediction accepted/"
+          "rejected | decode tok/s | wall tok/s | decode vs plain |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for sampling in SAMPLINGS:
+        base = best[(sampling, "plain")]["decode_tps"]
+        for arm in arms:
+            r = best[(sampling, arm)]
+            print(f"| {sampling} | {arm} | {r['n']} | {r['tpf']:.2f} | {r['rounds']} | {r['accepted']}/{r['drafted']} "
+                  f"| {r['kind']} | {r['prediction']} | {r['decode_tps']:.1f} | {r['wall_tps']:.1f} "
+                  f"| {r['decode_tps'] / base:.2f}x |")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--max-tokens", type=int, default=128)
@@ -325,10 +467,17 @@ def main() -> int:
                     "(MLXCEL_TRACE_STEPS, read with scripts/trace_steps.py)")
     ap.add_argument("--mixes", default=None, help="with --concurrent: comma-separated subset of " + ",".join(MIXES))
     ap.add_argument("--concurrent", action="store_true", help="clients sending together (module docstring)")
+    ap.add_argument("--prediction", action="store_true", help="a 60-line file edited with and without the file as "
+                    "OpenAI's prediction (module docstring); arms plain,predicted,lookup,lookup+predicted")
     ap.add_argument("--sustained", type=float, default=0.0, metavar="SECONDS",
                     help="with --concurrent: each client keeps sending for SECONDS (aggregate over the window) "
                          "instead of one request a client over the time to the last answer")
     args = ap.parse_args()
+    if args.prediction:
+        os.environ.setdefault("MLXCEL_LOG", "warning")
+        if "--max-tokens" not in sys.argv:
+            args.max_tokens = 1024  # the whole file comes back
+        return predicted_outputs(args, ["-m", args.model] if args.model else [])
     if args.concurrent:
         os.environ.setdefault("MLXCEL_LOG", "warning")
         return concurrent(args, ["-m", args.model] if args.model else [])

@@ -11,17 +11,26 @@ them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mlxcel.engine.sampling.grammar import LARK
+from mlxcel.engine.vision.prompt import PromptMedia
 from mlxcel.server.http.chat import reasoning
 from mlxcel.server.http.chat.output import ChatParsing
 from mlxcel.server.http.chat.template import apply_template, normalize_messages
 from mlxcel.server.http.chat.tool_calls import call_grammar, check_tools, history_messages
 from mlxcel.server.http.grammar_fields import after_reasoning, constrain, request_grammar
-from mlxcel.server.http.prompts import check_tokens, least_tokens, split_prompts, tokenize_prompt
-from mlxcel.server.http.request_params import check_unsupported, generation_options
+from mlxcel.server.http.media import MarkersOnly, MediaCollector, multimodal_images
+from mlxcel.server.http.prompts import (
+    PROMPT_FORMS,
+    check_tokens,
+    least_tokens,
+    split_prompts,
+    tokenize_media_prompt,
+    tokenize_prompt,
+)
+from mlxcel.server.http.request_params import check_unsupported, generation_options, prediction_tokens
 from mlxcel.server.http.schema import (
     INT_MAX,
     ChatRequest,
@@ -56,6 +65,7 @@ class CompletionPlan:
     verbose: bool = False  # chat: __verbose carries the native body
     echo: bool = False  # OpenAI completions: the prompt's text before each completion
     chat: ChatParsing | None = None  # chat: what to read out of the output (reasoning, tool calls)
+    media: list[PromptMedia | None] = field(default_factory=list)  # per prompt: its images (None: text only)
 
     @property
     def stream(self) -> bool:
@@ -64,6 +74,11 @@ class CompletionPlan:
     def prompt_of(self, index: int) -> list[int]:
         """The prompt of task ``index``."""
         return self.prompts[index // self.n]
+
+    def media_of(self, index: int) -> PromptMedia | None:
+        """The images of task ``index``'s prompt (None: a text prompt)."""
+        p = index // self.n
+        return self.media[p] if p < len(self.media) else None
 
 
 def most_at_once(state: ServerState) -> int:
@@ -78,7 +93,28 @@ def prompt_tokens(state: ServerState, prompt: Any) -> list[int]:
     least = least_tokens(prompt, state.piece_chars)
     if least >= n_ctx:
         raise context_exceeded_at_least(least, n_ctx)
-    tokens = tokenize_prompt(state.loaded, prompt)
+    return _fits(state, tokenize_prompt(state.loaded, prompt))
+
+
+def prompt_input(state: ServerState, prompt: Any, images: list | None = None) -> tuple[list[int], PromptMedia | None]:
+    """One prompt as token ids and its images: a chat prompt's (``images``, read from its messages), a
+    ``/completion`` prompt object's ``multimodal_data``, or none."""
+    if isinstance(prompt, dict) and "multimodal_data" in prompt and state.loaded.vision is not None:
+        text = prompt.get("prompt_string")
+        if not isinstance(text, str):
+            raise invalid(PROMPT_FORMS)
+        collector = MediaCollector(state.loaded.vision, state.config.media_path)
+        multimodal_images(prompt, collector)
+        prompt, images = text, collector.images
+    if not images:
+        return prompt_tokens(state, prompt), None
+    tokens, media = tokenize_media_prompt(state.loaded, prompt, images)
+    return _fits(state, tokens), media
+
+
+def _fits(state: ServerState, tokens: list[int]) -> list[int]:
+    """``tokens``, refused when empty, out of the vocabulary or past the context and the prompt limit."""
+    n_ctx = state.scheduler.n_ctx
     if not tokens:
         raise invalid("the prompt is empty: it must contain at least one token")
     check_tokens(tokens, state.loaded.vocab_size)
@@ -96,6 +132,7 @@ class RenderedChat:
     generation_prompt: str  # what the generation prompt (and a continued message) adds at the end
     tools: list | None
     tool_choice: str | dict
+    images: list = field(default_factory=list)  # the messages' images, one per media marker in ``prompt``
 
 
 def render_chat(state: ServerState, req: ChatRequest, body: dict) -> str:
@@ -109,8 +146,12 @@ def chat_body_prompt(state: ServerState, body: dict) -> str:
 
 
 def chat_body_tokens(state: ServerState, body: dict) -> list[int]:
-    """A chat body's prompt as token ids: what the token-counting routes count."""
-    return tokenize_prompt(state.loaded, chat_body_prompt(state, body))
+    """A chat body's prompt as token ids (its images' positions included): what the token-counting
+    routes count."""
+    rendered = _render(state, validate(ChatRequest, body), body)
+    if rendered.images:
+        return tokenize_media_prompt(state.loaded, rendered.prompt, rendered.images)[0]
+    return tokenize_prompt(state.loaded, rendered.prompt)
 
 
 def _check_messages(messages: list[dict]) -> None:
@@ -134,7 +175,9 @@ def _render(state: ServerState, req: ChatRequest, body: dict, with_generation_pr
         raise invalid("'messages' is required")
     if isinstance(req.messages, list):
         _check_messages([m for m in req.messages if isinstance(m, dict)])
-    messages = normalize_messages(req.messages)
+    vision = state.loaded.vision
+    media = MediaCollector(vision, state.config.media_path) if vision is not None else None
+    messages = normalize_messages(req.messages, media=media)
     messages = history_messages(messages, state.template_info.object_arguments)
     kwargs = {**state.template_kwargs, **(req.chat_template_kwargs or {})}
     if not state.jinja and req.tools:
@@ -178,7 +221,8 @@ def _render(state: ServerState, req: ChatRequest, body: dict, with_generation_pr
     else:
         # as upstream: the final message's text parts are joined with a blank line, and go after the
         # generation prompt of the messages before it, untouched
-        tail_text = normalize_messages(req.messages[-1:], join="\n\n")[0]["content"]
+        tail_text = normalize_messages(req.messages[-1:], join="\n\n",
+                                       media=MarkersOnly() if media is not None else None)[0]["content"]
         base = messages[:-1]
         prompt = render(base, True, continuation=tail_text)
     gen_prompt = ""
@@ -187,7 +231,7 @@ def _render(state: ServerState, req: ChatRequest, body: dict, with_generation_pr
         if continuing or add_gen:
             without = render(base, False) if base else ""
             gen_prompt = reasoning.generation_prompt(with_gen, without) + tail_text
-    return RenderedChat(prompt, gen_prompt, tools, tool_choice)
+    return RenderedChat(prompt, gen_prompt, tools, tool_choice, media.images if media is not None else [])
 
 
 def _chat_parsing(state: ServerState, req: ChatRequest, rendered: RenderedChat, fmt: str) -> ChatParsing:
@@ -260,6 +304,8 @@ def _options(state: ServerState, req: SamplingFields, n_predict: int | None, n_p
     check_sampling_fields(req, n_predict, n_probs)
     _check_speculative_type(state, req)
     opts = generation_options(req, state.defaults, state.loaded, n_predict=n_predict, n_probs=n_probs)
+    opts.prediction = prediction_tokens(req.prediction, state.loaded.tokenizer, state.scheduler.n_ctx,
+                                        state.piece_chars)
     tools_called = chat and bool(getattr(req, "tools", None)) and getattr(req, "tool_choice", None) != "none"
     opts.grammar = request_grammar(req, chat=chat, jinja=state.jinja, tools_called=tools_called,
                                    default=state.defaults.grammar)
@@ -284,8 +330,8 @@ def _check_total(state: ServerState, n_prompts: int, n: int) -> None:
                       "at once (slots plus --max-queue)")
 
 
-def _completion_prompts(state: ServerState, body: dict) -> tuple[CompletionRequest, list[list[int]]]:
-    """A ``/completion``-style body and its prompt(s) as token lists."""
+def _completion_prompts(state: ServerState, body: dict) -> tuple[CompletionRequest, list[tuple[list[int], Any]]]:
+    """A ``/completion``-style body and its prompt(s) as token lists, each with its images."""
     req = validate(CompletionRequest, body)
     if "prompt" not in body:
         raise invalid("key 'prompt' not found")
@@ -294,12 +340,13 @@ def _completion_prompts(state: ServerState, body: dict) -> tuple[CompletionReque
     if len(parts) > most:
         raise invalid(f"the request has {len(parts)} prompts; this server runs at most {most} at once "
                       "(slots plus --max-queue)")
-    return req, [prompt_tokens(state, p) for p in parts]
+    return req, [prompt_input(state, p) for p in parts]
 
 
 def native_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPlan:
     """``POST /completion`` (and ``/completions``)."""
-    req, prompts = _completion_prompts(state, body)
+    req, inputs = _completion_prompts(state, body)
+    prompts, media = [tokens for tokens, _ in inputs], [m for _, m in inputs]
     n = _choices(state, req.n_cmpl, "n_cmpl")
     n_predict = _first(req.n_predict, req.max_completion_tokens, req.max_tokens)
     n_probs = _first(req.n_probs, None if isinstance(req.logprobs, bool) else req.logprobs) or 0
@@ -309,12 +356,13 @@ def native_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionP
         req, state.loaded.tokenizer, budget=reasoning.budget_tokens(req, state.config.reasoning_budget), markers=None,
         message=state.config.reasoning_budget_message)
     _check_total(state, len(prompts), n)
-    return CompletionPlan(prompts, opts, n, t_arrival, response_fields=req.response_fields)
+    return CompletionPlan(prompts, opts, n, t_arrival, response_fields=req.response_fields, media=media)
 
 
 def oai_completion_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPlan:
     """``POST /v1/completions``."""
-    req, prompts = _completion_prompts(state, body)
+    req, inputs = _completion_prompts(state, body)
+    prompts, media = [tokens for tokens, _ in inputs], [m for _, m in inputs]
     n = _choices(state, req.n, "n")
     n_predict = _first(req.max_tokens, req.max_completion_tokens, req.n_predict)
     logprobs = req.logprobs
@@ -322,7 +370,7 @@ def oai_completion_plan(state: ServerState, body: dict, t_arrival: float) -> Com
     check_range("logprobs", n_probs, 0, 1024)
     opts = _options(state, req, n_predict, n_probs)
     _check_total(state, len(prompts), n)
-    return CompletionPlan(prompts, opts, n, t_arrival, logprobs=bool(n_probs), echo=bool(req.echo))
+    return CompletionPlan(prompts, opts, n, t_arrival, logprobs=bool(n_probs), echo=bool(req.echo), media=media)
 
 
 def chat_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPlan:
@@ -331,7 +379,7 @@ def chat_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPla
     fmt = reasoning.check_format(req.reasoning_format, state.config.reasoning_format)
     rendered = _render(state, req, body, with_generation_prompt=state.think is not None)
     prompt = rendered.prompt
-    tokens = prompt_tokens(state, prompt)
+    tokens, media = prompt_input(state, prompt, rendered.images)
     n = _choices(state, req.n, "n")
     n_predict = next((v for v in (req.max_completion_tokens, req.max_tokens, req.n_predict) if v is not None), None)
     check_range("max_tokens", n_predict, -1, INT_MAX)
@@ -354,4 +402,4 @@ def chat_plan(state: ServerState, body: dict, t_arrival: float) -> CompletionPla
     _check_total(state, 1, n)
     return CompletionPlan([tokens], opts, n, t_arrival, rendered=prompt, logprobs=bool(req.logprobs), top_n=top_n,
                           include_usage=bool((req.stream_options or {}).get("include_usage")),
-                          verbose=bool(req.verbose) or state.config.verbose, chat=chat)
+                          verbose=bool(req.verbose) or state.config.verbose, chat=chat, media=[media])

@@ -17,7 +17,7 @@ from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.server.http.grammar_fields import gbnf_grammar, schema_grammar
 from mlxcel.server.http.limits import check_stops
 from mlxcel.server.http.lora_list import parse_lora_list
-from mlxcel.server.http.prompts import tokenize_text
+from mlxcel.server.http.prompts import least_tokens, tokenize_text
 from mlxcel.server.http.schema import SamplingFields
 from mlxcel.server.runtime.config import ArgumentError, ServerConfig
 from mlxcel.server.runtime.errors import ApiError, invalid
@@ -276,6 +276,47 @@ def generation_options(req: SamplingFields, defaults: ServerDefaults, loaded, *,
         speculative_types=defaults.speculative_types,
         echo=echo,
     )
+
+
+PREDICTION_FORM = ('must be {"type": "content", "content": ...} with the content a string or an array of '
+                   '{"type": "text", "text": string} parts')
+
+
+def prediction_text(value: dict) -> str:
+    """OpenAI's ``prediction`` object as its text: ``content`` a string, or text parts joined as they are."""
+    kind = value.get("type")
+    if kind != "content":
+        shown = f"'{kind}'" if isinstance(kind, str) else "missing" if kind is None else json.dumps(kind)[:40]
+        raise invalid(f"Field 'prediction': type must be 'content' (the only kind of predicted output), not {shown}")
+    content = value.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise invalid(f"Field 'prediction': {PREDICTION_FORM}")
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise invalid(f"Field 'prediction': content part {i} is not a text part; {PREDICTION_FORM}")
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def prediction_tokens(value: dict | None, tokenizer, n_ctx: int, piece_chars: int = 0) -> list[int] | None:
+    """A request's ``prediction`` as the tokens the model would write it with (no special tokens parsed,
+    none added); None without one. A prediction longer than a slot's context could never be written
+    out, and is refused before it is tokenized when its length alone says so."""
+    if value is None:
+        return None
+    text = prediction_text(value)
+    least = least_tokens(text, piece_chars)
+    if least > n_ctx:
+        raise invalid(f"Field 'prediction': the prediction is at least {least} tokens, more than the context "
+                      f"({n_ctx} tokens)")
+    tokens = tokenize_text(tokenizer, text, add_special=False, parse_special=False)
+    if len(tokens) > n_ctx:
+        raise invalid(f"Field 'prediction': the prediction is {len(tokens)} tokens, more than the context "
+                      f"({n_ctx} tokens)")
+    return tokens
 
 
 def request_lora(value: Any, loaded) -> dict[int, float] | None:

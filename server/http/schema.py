@@ -116,6 +116,7 @@ class SamplingFields(BaseModel):
     json_schema: Any = None
     response_format: Any = None
     lora: Any = None
+    prediction: dict | None = None  # OpenAI's predicted output: {"type": "content", "content": text or text parts}
     n_cmpl: Int | None = None
     n: Int | None = None
     model: Any = None

@@ -40,8 +40,8 @@ from mlxcel.server.runtime.failures import as_api_error
 from mlxcel.server.runtime.faults import FaultPlan
 from mlxcel.server.runtime.kv_pool import KvPool, exceeded
 from mlxcel.server.runtime.metrics import Metrics
-from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, reusable_prefix
-from mlxcel.server.runtime.speculation import Speculation
+from mlxcel.server.runtime.slots import Slot, SlotRun, choose_slot, media_key, reusable_prefix
+from mlxcel.server.runtime.speculation import DECLINED_IMAGES, PredictionSessions, Speculation, prediction_counts
 from mlxcel.server.runtime.stepper import Stepper
 from mlxcel.server.runtime.task import Deferred, Failed, Final, GenerationOptions, Job, Task
 
@@ -56,8 +56,14 @@ class Scheduler:
                  slot_prompt_similarity: float = 0.1, speculation: Speculation | None = None,
                  timeout: float = 0.0, context_shift: bool = False):
         self.lm = loaded
+        if context_shift and loaded.vision is not None:  # as upstream: a context shift would cut images
+            log.warning("--context-shift is not supported with a vision tower (multimodal); it is disabled")
+            context_shift = False
         self.context_shift = context_shift  # a full context drops tokens and goes on (SlotRun.shift)
         self.speculation = speculation
+        # what opens each speculating request's session: the server's drafter, or, without one, a request's
+        # predicted output alone
+        self.sessions = speculation if speculation is not None else PredictionSessions(loaded)
         n_slots = max(1, n_slots)
         self.n_ctx_total = n_ctx if n_ctx > 0 else loaded.context_length
         # As upstream: without a unified KV pool each slot gets its share of -c; either way no
@@ -118,16 +124,16 @@ class Scheduler:
         self._inbox.put(task)
 
     def open(self, prompt_tokens: list[int], options: GenerationOptions, index: int = 0,
-             t_arrival: float | None = None) -> TaskHandle:
+             t_arrival: float | None = None, media=None) -> TaskHandle:
         """Queue a task now (503 at once when the queue is full) and return its handle; must be
-        called on the event loop."""
+        called on the event loop. ``media``: the prompt's images (``engine.vision.prompt.PromptMedia``)."""
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
         def sink(event):
             loop.call_soon_threadsafe(events.put_nowait, event)
 
-        task = Task(prompt_tokens=prompt_tokens, options=options, sink=sink, index=index)
+        task = Task(prompt_tokens=prompt_tokens, options=options, sink=sink, index=index, media=media)
         if t_arrival is not None:
             task.t_arrival = t_arrival
         if self.timeout > 0:
@@ -266,9 +272,14 @@ class Scheduler:
         waiting = deque()
         while self._pending:
             task = self._pending.popleft()
-            # as upstream, a request that lists no adapters runs at the global LoRA scales as they are now
-            scales = request_scales(self.lm.adapters, task.options.lora)
-            slot = choose_slot(self.slots, task, self.slot_prompt_similarity, scales)
+            try:
+                # as upstream, a request that lists no adapters runs at the global LoRA scales as they are now
+                scales = request_scales(self.lm.adapters, task.options.lora)
+                slot = choose_slot(self.slots, task, self.slot_prompt_similarity, scales, media_key(task.media))
+            except Exception as exc:  # a task that cannot be placed fails now, not at its client's timeout
+                log.exception("could not place task %d", task.id)
+                task.sink(Failed(as_api_error(exc)))
+                continue
             if slot is None:
                 waiting.append(task)
                 if not any(not s.busy for s in self.slots):
@@ -285,15 +296,18 @@ class Scheduler:
 
     def _start(self, slot: Slot, task: Task, adapter_scales: tuple[float, ...] = ()) -> None:
         prompt = task.prompt_tokens
-        reuse = reusable_prefix(slot, prompt, adapter_scales) if task.options.cache_prompt else 0
+        media = task.media
+        reuse = reusable_prefix(slot, prompt, adapter_scales, media_key(media)) if task.options.cache_prompt else 0
         reuse = min(reuse, len(prompt) - 1)  # at least one token is evaluated, for its logits
-        wants_spec, layers = False, None
-        if self.speculation is not None:
-            reason = self.speculation.declines(task.options)
-            if reason is not None:
-                self.metrics.record_declined(reason)
-            wants_spec = reason is None and self.speculation.asks(task.options)
-            layers = self.speculation.feature_layers
+        reason = self.sessions.declines(task.options)
+        if reason is not None:
+            self.metrics.record_declined(reason)
+        wants_spec = reason is None and self.sessions.asks(task.options)
+        layers = self.sessions.feature_layers
+        if layers is not None and media is not None:  # its drafter reads features an image prefill does not keep
+            if wants_spec:
+                self.metrics.record_declined(DECLINED_IMAGES)
+            wants_spec, layers = False, None
         if layers is not None:
             # a model drafter reads the features of every cached token: reuse only what the slot has them of
             reuse = min(reuse, slot.reusable_features())
@@ -303,6 +317,7 @@ class Scheduler:
             rewind(slot.cache, len(slot.tokens) - reuse)
             slot.tokens = slot.tokens[:reuse]
         slot.adapter_scales = adapter_scales  # what the cache holds from here on is computed at these
+        slot.media_key = media_key(media)  # and holds these images, at this position shift
         params = task.options.sampler
         chain = SamplerChain(params, vocab_size=self.vocab_size, eos_token_ids=self.eos_ids,
                              tokenizer=self.lm.tokenizer)
@@ -318,7 +333,7 @@ class Scheduler:
         if self.faults is not None:
             slot.run.fault = self.faults.stage_for(self.lm.tokenizer.decode(prompt))
         slot.last_used = time.perf_counter()
-        self.steps.place(slot, model_drafter=layers is not None)
+        self.steps.place(slot, model_drafter=layers is not None, media=media)
         slot.run.progress()
 
     def room(self, need: int) -> bool:
@@ -356,6 +371,7 @@ class Scheduler:
         }
         if send:
             final = run.final()
+            final.result.prediction = prediction_counts(run.opts, run.generated)
             t = final.result.timings
             self.metrics.record_request(t.prompt_n, t.cache_n, t.prompt_ms, t.predicted_n, t.predicted_ms,
                                         len(run.prompt) + len(run.generated))

@@ -45,18 +45,29 @@ Per request, ``speculative.n_max`` / ``speculative.n_min`` (upstream's fields) n
 alternatives, and so does a sampling request on a greedy-only drafter (DSpark), with one warning.
 The rule is the session's, as on the CLI; ``speculative.stochastic_accept`` (mlxcel) overrides
 ``MLXCEL_SPECULATIVE_STOCHASTIC_ACCEPT`` for one request.
+
+A request's predicted output (OpenAI's ``prediction``, ``GenerationOptions.prediction``) is a draft
+source of its own (``drafters.prediction``): on a server without a drafter :class:`PredictionSessions`
+opens a session for such a request alone; on a server with a token-only drafter the prediction is
+asked first each round and the server's drafter serves the rounds it has nothing for
+(``draft_kind`` ``prediction+<the server's>``); a model-based drafter's rows read the target's hidden
+states every round, so there the prediction drafts alone. Its block is ``prediction.BLOCK`` (a
+request's ``speculative.n_max`` narrows it), the server's drafter keeping its own.
 """
 
 from __future__ import annotations
 
 import logging
 
+from mlxcel.drafters import prediction
 from mlxcel.drafters.drafter_setup import set_up
 from mlxcel.drafters.registry import DrafterKind
 from mlxcel.drafters.source import DrafterSource
+from mlxcel.engine.cache.recurrent import unsupported_reason
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.speculative import verify_cost
+from mlxcel.engine.speculative.drafter import Drafter
 from mlxcel.engine.speculative.session import SpeculativeSession, decline_reason
 from mlxcel.engine.speculative.target_features import TargetFeatures
 from mlxcel.engine.speculative.verify_cost import LearnedCost, VerifyCost
@@ -68,6 +79,7 @@ log = logging.getLogger(__name__)
 DECLINED_TARGET = "target-state"  # the target's recurrent state cannot be restored after a verify round
 DECLINED_GREEDY_ONLY = "greedy-only"  # a sampling request on a greedy-only drafter
 DECLINED_CACHE = "cache-window"  # the row's cache cannot drop a draft now (a wrapped window, a chunk boundary)
+DECLINED_IMAGES = "images"  # a prompt with images: its prefill keeps no features for a drafter that reads them
 
 
 class Speculation:
@@ -144,6 +156,8 @@ class Speculation:
             return None
         if self.declined is not None:
             return DECLINED_TARGET
+        if opts.prediction and self.kind.model_based:
+            return None  # the prediction drafts alone (module docstring), whatever the sampler
         reason = decline_reason(self.kind.drafter_class(), opts.sampler)
         if reason is not None:
             log.warning("%s", reason)
@@ -153,9 +167,7 @@ class Speculation:
     def asks(self, opts: GenerationOptions) -> bool:
         """Whether a request wants speculation: not when it asks for token probabilities, nor when its own
         ``speculative.n_max`` is 0, nor when its ``speculative.type`` is ``none``."""
-        if opts.n_probs > 0 or opts.spec_type == "none":
-            return False
-        return opts.spec_n_max is None or opts.spec_n_max > 0
+        return asks(opts)
 
     def eligible(self, opts: GenerationOptions) -> bool:
         """Whether a request speculates (see :meth:`declines`; a declined one joins the plain decode batch)."""
@@ -170,11 +182,19 @@ class Speculation:
         whose state a drafter that learns across a slot's requests continues (None: a fresh one)."""
         s = self.settings
         assert s.n_max is not None and self.source is not None  # resolved at load
-        n_max = min(s.n_max, opts.spec_n_max) if opts.spec_n_max else s.n_max
+        if opts.prediction and self.kind.model_based:
+            return prediction_session(self.target, opts, sequence, seed, grammar, n_min=s.n_min)
+        block = max(s.n_max, prediction.BLOCK) if opts.prediction else s.n_max
+        n_max = min(block, opts.spec_n_max) if opts.spec_n_max else block
         n_min = min(n_max, opts.spec_n_min if opts.spec_n_min is not None else s.n_min)
-        session = SpeculativeSession(self.source.new(n_min, ngram_max=opts.spec_ngram_max, slot=slot), opts.sampler,
-                                     n_max=n_max, n_min=n_min, synth_probs=s.synth_probs,
-                                     stochastic=opts.spec_stochastic, kind=self.draft_kind, grammar=grammar,
+        drafter: Drafter = self.source.new(n_min, ngram_max=opts.spec_ngram_max, slot=slot)
+        kind = self.draft_kind
+        if opts.prediction:
+            drafter = prediction.PredictionFirst(prediction.PredictionDrafter(opts.prediction, n_min=n_min), drafter,
+                                                 s.n_max, self.target.vocab_size)
+            kind = f"{prediction.KIND}+{kind}"
+        session = SpeculativeSession(drafter, opts.sampler, n_max=n_max, n_min=n_min, synth_probs=s.synth_probs,
+                                     stochastic=opts.spec_stochastic, kind=kind, grammar=grammar,
                                      eos_ids=self.target.eos_token_ids)
         if session.model_drafter is not None:
             if features is None or features.length != len(sequence) - 1:
@@ -183,6 +203,69 @@ class Speculation:
         session.begin(sequence, seed)
         log.info("request speculates: %s drafter, rule=%s, block %d", session.drafter.kind, session.rule, n_max)
         return session
+
+
+def asks(opts: GenerationOptions) -> bool:
+    """Whether a request wants speculation: not when it asks for token probabilities, nor when its own
+    ``speculative.n_max`` is 0, nor when its ``speculative.type`` is ``none``."""
+    if opts.n_probs > 0 or opts.spec_type == "none":
+        return False
+    return opts.spec_n_max is None or opts.spec_n_max > 0
+
+
+def prediction_session(target: LoadedModel, opts: GenerationOptions, sequence: list[int], seed: int,
+                       grammar: GrammarMatcher | None, n_min: int = 0) -> SpeculativeSession:
+    """A started session drafting from the request's prediction alone (``prediction.BLOCK`` tokens a
+    round at most, or the request's ``speculative.n_max``)."""
+    n_max = min(prediction.BLOCK, opts.spec_n_max) if opts.spec_n_max else prediction.BLOCK
+    n_min = min(n_max, opts.spec_n_min if opts.spec_n_min is not None else n_min)
+    session = SpeculativeSession(prediction.PredictionDrafter(opts.prediction or [], n_min=n_min), opts.sampler,
+                                 n_max=n_max, n_min=n_min, stochastic=opts.spec_stochastic, kind=prediction.KIND,
+                                 grammar=grammar, eos_ids=target.eos_token_ids)
+    session.begin(sequence, seed)
+    log.info("request speculates on its prediction (%d tokens), rule=%s, block %d", len(opts.prediction or []),
+             session.rule, n_max)
+    return session
+
+
+class PredictionSessions:
+    """What a server without a drafter speculates with: a session for each request that brings a
+    prediction, drafting from it alone. The scheduler asks it what it would ask a :class:`Speculation`."""
+
+    verify_cost = None  # no cost model: a row drafts its whole block
+    feature_layers = None
+
+    def __init__(self, target: LoadedModel):
+        self.target = target
+        self._declined: str | None | bool = False  # False: not probed yet (the first prediction probes)
+
+    def asks(self, opts: GenerationOptions) -> bool:
+        return bool(opts.prediction) and asks(opts)
+
+    def declines(self, opts: GenerationOptions) -> str | None:
+        """``DECLINED_TARGET`` for a prediction on a target whose recurrent state a verify round cannot
+        restore (probed once, on the engine thread, when the first prediction arrives), else None."""
+        if not self.asks(opts):
+            return None
+        if self._declined is False:
+            self._declined = unsupported_reason(self.target.model, self.target.make_cache)
+            if self._declined is not None:
+                log.warning("Predicted outputs declined for this target: %s. Such requests are decoded plainly.",
+                            self._declined)
+        return DECLINED_TARGET if self._declined else None
+
+    def start(self, opts: GenerationOptions, sequence: list[int], seed: int,
+              features: TargetFeatures | None = None, grammar: GrammarMatcher | None = None,
+              slot: int | None = None) -> SpeculativeSession:
+        return prediction_session(self.target, opts, sequence, seed, grammar)
+
+
+def prediction_counts(opts: GenerationOptions, completion: list[int]) -> prediction.PredictionCounts | None:
+    """A request's ``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` (None without a
+    prediction), from its completion's tokens (``prediction.prediction_counts``)."""
+    if opts.prediction is None:
+        return None
+    return prediction.prediction_counts(opts.prediction, completion)
 
 
 def _rule_note(kind: DrafterKind) -> str:

@@ -37,6 +37,9 @@ def native_final(result: Result, opts: GenerationOptions, *, index: int, model: 
         "tokens_cached": result.tokens_cached,
         "timings": result.timings.to_json(),
     }
+    if result.prediction is not None:  # mlxcel: OpenAI's usage counts of a predicted output, under their names
+        body["accepted_prediction_tokens"] = result.prediction.accepted
+        body["rejected_prediction_tokens"] = result.prediction.rejected
     if opts.n_probs > 0 and content is None:
         body["completion_probabilities"] = probs_json(result.probs, text, opts.post_sampling_probs)
     return body

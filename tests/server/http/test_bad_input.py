@@ -174,7 +174,7 @@ WRONG_OBJECTS = [[1], "text", 5]  # where an object belongs
 # shapes that were assumed rather than checked. Each gets each of WRONG_OBJECTS.
 OBJECT_FIELDS = {
     "/v1/chat/completions": ["chat_template_kwargs", "stream_options", "response_format", "logit_bias",
-                             "tool_choice"],
+                             "tool_choice", "prediction"],
     "/apply-template": ["chat_template_kwargs"],
     "/v1/responses": ["reasoning", "text", "metadata", "tool_choice", "tools", "text.format"],
     "/v1/messages": ["thinking", "tool_choice", "tools", "output_format", "stop_sequences"],
@@ -294,11 +294,22 @@ WRONG_TYPES = {
     "n_keep": "1", "n_discard": [], "post_sampling_probs": 1, "cache_prompt": "true", "id_slot": "0",
     "return_tokens": 0, "return_progress": "no", "response_fields": "content", "timings_per_token": 1,
     "stream": "yes", "stream_options": "x", "samplers": 5, "speculative.n_max": "8", "speculative.n_min": [],
-    "grammar": 5, "n_cmpl": "2", "n": "2", "logit_bias": "abc", "lora": 5, "response_format": 5,
+    "grammar": 5, "n_cmpl": "2", "n": "2", "logit_bias": "abc", "lora": 5, "response_format": 5, "prediction": "x",
 }
 CHAT_WRONG_TYPES = {
     "logprobs": "yes", "top_logprobs": "3", "max_completion_tokens": "x", "verbose": "x",
     "chat_template_kwargs": [], "add_generation_prompt": "x",
+}
+
+# OpenAI's predicted output of the wrong shape, one longer than a slot's context, and one so long that its
+# length alone refuses it
+BAD_PREDICTIONS = {
+    "type-text": {"type": "text", "content": "x"}, "no-type": {"content": "x"}, "no-content": {"type": "content"},
+    "content-number": {"type": "content", "content": 5}, "content-strings": {"type": "content", "content": ["x"]},
+    "image-part": {"type": "content", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+    "part-text-number": {"type": "content", "content": [{"type": "text", "text": 5}]},
+    "beyond-context": {"type": "content", "content": "a " * (4 * N_CTX)},
+    "far-beyond-context": {"type": "content", "content": "word " * 38_000},
 }
 
 OUT_OF_RANGE = {
@@ -406,6 +417,9 @@ def corpus() -> list[Case]:
     for route, entries in OUT_OF_RANGE.items():
         for field, value in entries:
             cases.append(Case(f"range-{field}={str(value)[:12]}{route}", route, {**base(route), field: value}))
+    for route in ("/completion", "/v1/completions", "/v1/chat/completions"):
+        for name, value in BAD_PREDICTIONS.items():
+            cases.append(Case(f"prediction-{name}{route}", route, {**base(route), "prediction": value}))
     for route in ("/completion", "/v1/completions"):
         for name, prompt in PROMPTS:
             cases.append(Case(f"prompt-{name}{route}", route, {"prompt": prompt, "n_predict": 1}))

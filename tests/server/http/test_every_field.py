@@ -76,6 +76,11 @@ def refused(field, value, path="/completion", base=None):
     return check
 
 
+def _no_tower_refuses(client) -> None:
+    r = post(client, "/completion", {"prompt": {"prompt_string": "hi", "multimodal_data": ["AAAA"]}})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("Multimodal data provided"), r.text
+
+
 def body_has(path, body, test):
     def check(client, baseline):
         r = post(client, path, body)
@@ -117,8 +122,8 @@ CASES = {
     "backend_sampling": body_has("/completion", {**SAMPLED, "backend_sampling": True}, lambda b: True),  # neutral
     "echo": body_has("/v1/completions", {"prompt": "one two", "max_tokens": 2, "echo": True},
                      lambda b: b["choices"][0]["text"].startswith("one two")),
-    "multimodal_data": refused("multimodal_data", None, base={"prompt": {"prompt_string": "hi",
-                                                                         "multimodal_data": ["AAAA"]}}),
+    # this server has no vision tower: upstream's refusal (test_vision_server.py honours the field)
+    "multimodal_data": lambda client, baseline: _no_tower_refuses(client),
     "temperature": differs("temperature", 0.0),
     "top_k": differs("top_k", 1),
     "top_p": differs("top_p", 0.05),
@@ -208,6 +213,8 @@ CASES = {
                                              "draft_rounds", 0)),
     "speculative.ngram_min_hits": refused("speculative.ngram_min_hits", 3),
     "timings.draft_n": body_has("/completion", SAMPLED, lambda b: "timings" in b),
+    "prediction": body_has("/completion", {**SAMPLED, "prediction": {"type": "content", "content": "one two"}},
+                           lambda b: b["accepted_prediction_tokens"] + b["rejected_prediction_tokens"] > 0),
     "mlxcel_draft_flags": streamed({**SAMPLED, "mlxcel_draft_flags": True},
                                    lambda raw: b'"mlxcel_draft_flags": [' in raw or b'"mlxcel_draft_flags":[' in raw),
     "model": body_has("/completion", {**SAMPLED, "model": "anything"}, lambda b: True),

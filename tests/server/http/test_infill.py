@@ -112,6 +112,18 @@ def test_completion_fields_and_stream(server):
     assert '"stop": true' in events[-1].replace('"stop":true', '"stop": true')
 
 
+def test_a_prediction_on_infill_drafts_and_is_counted(server):
+    """/infill takes a predicted output as /completion does: the middle is the same, its counts come back."""
+    body = {"input_prefix": PREFIX, "input_suffix": SUFFIX, "n_predict": 12, "temperature": 0, "ignore_eos": True}
+    plain = infill(server, **body).json()
+    r = infill(server, **body, prediction={"type": "content", "content": plain["content"]})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["content"] == plain["content"]
+    assert got["accepted_prediction_tokens"] + got["rejected_prediction_tokens"] > 0
+    assert "accepted_prediction_tokens" not in plain
+
+
 @pytest.mark.parametrize("body", [
     {"input_extra": [{}]},
     {"input_extra": [{"filename": "ok"}]},
