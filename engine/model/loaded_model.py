@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import mlx.nn as nn
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import KVCache, QuantizedKVCache, make_prompt_cache
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 
+from mlxcel.engine.model.kv_types import KvQuant
 from mlxcel.engine.model.lora_set import AdapterSet
 
 
@@ -29,6 +30,8 @@ class LoadedModel:
     chat_template: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     adapters: AdapterSet | None = None  # LoRA adapters (engine.model.lora), None without --lora
+    vision: Any = None  # the vision tower (engine.vision.tower.VisionTower), None for a text-only model
+    kv_quant: KvQuant | None = None  # -ctk/-ctv quantized (engine.model.kv_types), None: full precision
 
     @property
     def vocab_size(self) -> int:
@@ -52,5 +55,10 @@ class LoadedModel:
         return int(self.config.get("max_position_embeddings") or 4096)
 
     def make_cache(self) -> list[Any]:
-        """A fresh per-layer KV cache for one sequence."""
-        return make_prompt_cache(self.model)
+        """A fresh per-layer KV cache for one sequence: mlx-lm's, with its plain attention layers
+        quantized when ``kv_quant`` says so (sliding-window layers keep full precision)."""
+        cache = make_prompt_cache(self.model)
+        quant = self.kv_quant
+        if quant is None:
+            return cache
+        return [QuantizedKVCache(group_size=quant.group, bits=quant.bits) if type(c) is KVCache else c for c in cache]

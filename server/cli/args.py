@@ -176,6 +176,8 @@ def parse_args(argv: list[str], environ: Mapping[str, str] | None = None) -> Ser
         raise ArgumentError("--sleep-idle-seconds: invalid value: cannot be 0 or less than -1")
     if config.ctx_size < 0:
         raise ArgumentError("-c/--ctx-size must be >= 0 (0 = the model's own context length)")
+    if config.media_path and not os.path.isdir(config.media_path):  # as upstream checks it
+        raise ArgumentError(f"--media-path: not a directory: {config.media_path}")
     check_surface(config)
     hub_repos(config)
     gcp_environment(config, env)

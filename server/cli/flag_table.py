@@ -54,7 +54,9 @@ SPEC_BACKEND = "a llama.cpp backend setting for the draft model with no MLX coun
 SPEC_GPU = "GPU placement of the draft model; MLX runs it on its default device"
 MAP = NgramMapOptions()  # upstream's defaults, shown by --help
 MOD = NgramModOptions()
-MEDIA = "multimodal input is not supported; mlxcel-server is text-only"
+MEDIA = "video and audio input are not supported; mlxcel-server's vision towers take images"
+PROJECTORS = ("images through mlx-vlm's vision towers: Gemma 3 (gemma3) and Qwen2.5-VL (qwen2.5vl_merger) "
+              "projectors, mapped from llama.cpp's v.*/mm.* tensors")
 ROPE = "mlxcel uses the RoPE settings of the model's own config; overriding them would change the model"
 PRESET = ("upstream's preset: a model it fetches from Hugging Face with settings for it; mlxcel has no presets, "
           "give the model with -m or -hf and the settings as flags")
@@ -128,8 +130,15 @@ COMMON: list[Flag] = [
     F("-kvo --kv-offload", "ignored", negatives=("-nkvo", "--no-kv-offload"), note=GPU, env="LLAMA_ARG_KV_OFFLOAD"),
     F("--repack", "ignored", negatives=("-nr", "--no-repack"), note=BACKEND, env="LLAMA_ARG_REPACK"),
     F("--no-host", "ignored", note=BACKEND, env="LLAMA_ARG_NO_HOST"),
-    F("-ctk --cache-type-k", "ignored", "TYPE", note="the KV cache uses the model's compute dtype", env="LLAMA_ARG_CACHE_TYPE_K"),
-    F("-ctv --cache-type-v", "ignored", "TYPE", note="the KV cache uses the model's compute dtype", env="LLAMA_ARG_CACHE_TYPE_V"),
+    F("-ctk --cache-type-k", "divergent", "TYPE", dest="cache_type_k",
+      help="the KV cache's type for keys (f32, f16, bf16, q8_0, q5_0, q5_1, q4_0, q4_1)",
+      note="q8_0/q5_x/q4_x: mlx-lm's quantized cache (MLX affine, groups of 32; the _0 types held with a bias too), "
+           "on the MLX-native profile only, the same type for -ctv; f32/f16/bf16: the compute dtype (float32 on the "
+           "CPU kernels, where f16/bf16 stay float32); iq4_nl refused (engine/model/kv_types.py)",
+      env="LLAMA_ARG_CACHE_TYPE_K"),
+    F("-ctv --cache-type-v", "divergent", "TYPE", dest="cache_type_v",
+      help="the KV cache's type for values (as -ctk)", note="as -ctk: quantized keys and values use the same type",
+      env="LLAMA_ARG_CACHE_TYPE_V"),
     F("-dt --defrag-thold", "ignored", "N", note="deprecated upstream; MLX caches need no defragmentation", env="LLAMA_ARG_DEFRAG_THOLD"),
     F("--rpc", "refused", "SERVERS", note="llama.cpp's RPC backend is not supported; to split a model across machines "
       "run mlxcel-server under mlx.launch (docs/distributed.md)", env="LLAMA_ARG_RPC"),
@@ -179,7 +188,8 @@ COMMON: list[Flag] = [
            "then Q8_0, then the first GGUF) or an MLX/safetensors repository whole, from the Hugging Face cache when "
            "it holds the file (no network), else downloaded into it (--offline: the cache only)",
       dest="hf_repo",
-      note="the repository's mmproj file is found and logged, not fetched or loaded (text only); a split GGUF is "
+      note="the repository's mmproj file is fetched and loaded for images (unless --no-mmproj; a projector type "
+           "mlxcel does not run leaves a text model, with a warning); a split GGUF is "
            "fetched whole, then refused (mlxcel reads single-file GGUFs); with no quant the cache answers without "
            "network only when it holds Q4_K_M; a repository's preset.ini and its mtp-/dflash-/eagle3-/dspark- "
            "sidecars are not looked for", env="LLAMA_ARG_HF_REPO"),
@@ -417,14 +427,26 @@ SERVER: list[Flag] = [
       dest="parallel", type="int", note="-1 (auto) = 4 slots", env="LLAMA_ARG_N_PARALLEL"),
     F("-cb --cont-batching", "ignored", negatives=("-nocb", "--no-cont-batching"),
       note="continuous batching is always on", env="LLAMA_ARG_CONT_BATCHING"),
-    F("-mm --mmproj", "refused", "FILE", note=MEDIA, env="LLAMA_ARG_MMPROJ"),
-    F("-mmu --mmproj-url", "refused", "URL", note=MEDIA, env="LLAMA_ARG_MMPROJ_URL"),
-    F("--mmproj-auto", "ignored", negatives=("--no-mmproj", "--no-mmproj-auto"), note=MEDIA, env="LLAMA_ARG_MMPROJ_AUTO"),
-    F("--mmproj-offload", "ignored", negatives=("--no-mmproj-offload",), note=MEDIA, env="LLAMA_ARG_MMPROJ_OFFLOAD"),
-    F("-mmdev --mmproj-device", "ignored", "DEVICE", note=MEDIA, env="MTMD_BACKEND_DEVICE"),
-    F("--image-min-tokens", "ignored", "N", note=MEDIA, env="LLAMA_ARG_IMAGE_MIN_TOKENS"),
-    F("--image-max-tokens", "ignored", "N", note=MEDIA, env="LLAMA_ARG_IMAGE_MAX_TOKENS"),
-    F("--mtmd-batch-max-tokens", "ignored", "N", note=MEDIA, env="LLAMA_ARG_MTMD_BATCH_MAX_TOKENS"),
+    F("-mm --mmproj", "supported", "FILE", dest="mmproj",
+      help="path to a multimodal projector file (images in requests); with -hf it can be omitted",
+      note=f"{PROJECTORS}; any other projector type is refused by name; needs the vision extra "
+           "(pip install 'mlxcel[vision]')", env="LLAMA_ARG_MMPROJ"),
+    F("-mmu --mmproj-url", "refused", "URL", note="downloading a projector from a URL is not supported; use -mm with a "
+      "local file, or -hf (which fetches the repository's projector)", env="LLAMA_ARG_MMPROJ_URL"),
+    F("--mmproj-auto", "supported", negatives=("--no-mmproj", "--no-mmproj-auto"), dest="mmproj_auto",
+      help="use the model's multimodal projector when there is one: -hf's mmproj file, or an MLX vision "
+           "checkpoint's own tower", note="without it the model is served as a text model unless -mm names a projector",
+      env="LLAMA_ARG_MMPROJ_AUTO"),
+    F("--mmproj-offload", "ignored", negatives=("--no-mmproj-offload",), note=GPU, env="LLAMA_ARG_MMPROJ_OFFLOAD"),
+    F("-mmdev --mmproj-device", "ignored", "DEVICE", note=GPU, env="MTMD_BACKEND_DEVICE"),
+    F("--image-min-tokens", "supported", "N", dest="image_min_tokens", type="int",
+      help="minimum number of tokens each image can take (dynamic-resolution towers; default: the model's)",
+      note="Qwen2.5-VL; Gemma 3's images are a fixed 256 tokens", env="LLAMA_ARG_IMAGE_MIN_TOKENS"),
+    F("--image-max-tokens", "supported", "N", dest="image_max_tokens", type="int",
+      help="maximum number of tokens each image can take (dynamic-resolution towers; default: the model's)",
+      note="Qwen2.5-VL; Gemma 3's images are a fixed 256 tokens", env="LLAMA_ARG_IMAGE_MAX_TOKENS"),
+    F("--mtmd-batch-max-tokens", "ignored", "N", note="an image is encoded whole, in one tower forward",
+      env="LLAMA_ARG_MTMD_BATCH_MAX_TOKENS"),
     F("--video-fps", "ignored", "N", note=MEDIA, env="LLAMA_ARG_VIDEO_FPS"),
     F("--video-timestamp-interval", "ignored", "N", note=MEDIA, env="LLAMA_ARG_VIDEO_TIMESTAMP_INTERVAL"),
     F("--video-ffmpeg-dir", "ignored", "DIR", note=MEDIA, env="LLAMA_ARG_VIDEO_FFMPEG_DIR"),
@@ -524,7 +546,10 @@ SERVER: list[Flag] = [
       help="the directory slots are saved to and restored from", dest="slot_save_path",
       note="POST /slots/:id?action=save|restore|erase; the KV cache and tokens in a safetensors file (MLX's own "
            "I/O), not upstream's binary state format"),
-    F("--media-path", "ignored", "PATH", note=MEDIA),
+    F("--media-path", "supported", "PATH", dest="media_path",
+      help="directory for loading local media files; files can be accessed via file:// URLs using relative paths",
+      note="file:// image URLs are read under it (relative paths only); remote http(s) image URLs are refused, "
+           "where upstream fetches them"),
     F("--models-dir", "supported", "PATH", dest="models_dir", note="router mode: a directory of models (GGUF files, "
       "directories of GGUF files, MLX checkpoints)", env="LLAMA_ARG_MODELS_DIR"),
     F("--models-preset", "supported", "PATH", dest="models_preset", note="router mode: an INI file of models and their "

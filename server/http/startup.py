@@ -14,9 +14,12 @@ from mlx.utils import tree_flatten
 
 from mlxcel.drafters.loading import load_target
 from mlxcel.engine.distributed.world import world
+from mlxcel.engine.errors import ModelLoadError
+from mlxcel.engine.model import kv_types
 from mlxcel.engine.model.fim_tokens import model_fim_tokens
 from mlxcel.engine.model.loaded_model import LoadedModel
 from mlxcel.engine.model.lora import attach_adapters
+from mlxcel.engine.platform import device
 from mlxcel.engine.sampling.grammar import special_token_ids
 from mlxcel.server.http.chat.reasoning import think_markers
 from mlxcel.server.http.chat.template import legacy_format, resolve_template
@@ -42,6 +45,18 @@ def comma_set(value: str | None) -> list[str]:
     return sorted({part.strip() for part in (value or "").split(",") if part.strip()})
 
 
+def set_kv_types(loaded: LoadedModel, config) -> None:
+    """``-ctk`` / ``-ctv`` onto the loaded model's caches (``engine.model.kv_types``; a type this
+    process cannot hold stops the start with its reason)."""
+    dtype = str(device.compute_dtype()).removeprefix("mlx.core.")
+    c = loaded.config
+    heads = c.get("num_attention_heads")
+    head_dim = c.get("head_dim") or (c["hidden_size"] // heads if heads and c.get("hidden_size") else None)
+    loaded.kv_quant = kv_types.resolve(config.cache_type_k, config.cache_type_v, compute_dtype=dtype,
+                                       mlx_native=device.mlx_native(), head_dim=head_dim)
+    log.info("%s", kv_types.describe(loaded.kv_quant, dtype))
+
+
 def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = None) -> None:
     """Load everything ``state.config`` asks for and start the scheduler (``state.ready`` after).
     ``loader()`` replaces loading the configured model (tests)."""
@@ -50,9 +65,15 @@ def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = Non
     if loader is not None:
         loaded = loader()
     elif group is not None:
+        if config.mmproj:
+            raise ModelLoadError("images are not served across ranks (mlx.launch); start without --mmproj")
         loaded = load_shard(config, group)
     else:
-        loaded = load_target(config.model, hf_repo=config.hf_repo, hf_file=config.hf_file)
+        loaded = load_target(config.model, hf_repo=config.hf_repo, hf_file=config.hf_file, mmproj=config.mmproj,
+                             mmproj_auto=config.mmproj_auto)
+    if loaded.vision is not None:
+        loaded.vision.limit_tokens(config.image_min_tokens, config.image_max_tokens)
+    set_kv_types(loaded, config)  # before anything makes a cache
     if config.lora_adapters:  # before the drafter's probe and cost model, which run the adapted model
         attach_adapters(loaded, config.lora_adapters, apply=not config.lora_init_without_apply)
     encoder = bool(loaded.metadata.get("encoder"))  # a BERT-family model: served for embeddings/rerank only

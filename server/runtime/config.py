@@ -33,8 +33,15 @@ class ServerConfig:
     context_shift: bool = False
     batch_size: int = 2048
     ubatch_size: int = 512
+    cache_type_k: str = "f16"  # -ctk (engine/model/kv_types.py)
+    cache_type_v: str = "f16"  # -ctv
     hf_repo: str | None = None
     hf_file: str | None = None
+    mmproj: str | None = None  # -mm: the multimodal projector GGUF (images)
+    mmproj_auto: bool = True  # --no-mmproj: no vision tower unless --mmproj names one
+    media_path: str | None = None  # --media-path: where file:// images are read from
+    image_min_tokens: int | None = None  # a dynamic-resolution tower's tokens per image, at least / at most
+    image_max_tokens: int | None = None
     hf_token: str | None = None
     offline: bool = False
     seed: int = -1
