@@ -7,7 +7,10 @@ a reasoning budget forces), or a verify round's acceptance (:class:`Verify`: its
 and the prepared block). A row of a drafter that reads the target's hidden states names the layers
 to keep (``features``). A row of a model with LoRA adapters carries its scales (``adapters``, one per
 adapter): each backend lays them out for its forward's tokens (``model.lora_linear``), so rows with
-different adapter mixes share one forward.
+different adapter mixes share one forward. A prompt chunk of a prompt with images carries them
+(``media``: each image's embeddings for its positions, and where the text model places the chunk's
+tokens, ``engine.vision``); only a row's own cache feeds such a chunk (its forward takes input
+embeddings), the ragged batch and the batch cache refuse it.
 
 :func:`run_step` runs a step on a :class:`Backend`, the place the rows' caches live:
 
@@ -50,6 +53,8 @@ from mlxcel.engine.speculative.block import PreparedRound, RoundResult, observe_
 from mlxcel.engine.speculative.decide import decide_rounds
 from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.engine.speculative.target_features import TargetFeatures, chunk_with_features
+from mlxcel.engine.vision.forward import media_logits
+from mlxcel.engine.vision.prompt import ChunkMedia
 
 
 @dataclass
@@ -107,6 +112,7 @@ class Row:
     features: tuple[int, ...] | None = None  # hidden-state layers to keep (a model drafter's row)
     logits: int | None = None
     adapters: tuple[float, ...] = ()  # the row's LoRA scales, one per adapter (none: the base model)
+    media: ChunkMedia | None = None  # a prompt chunk's images and token positions (own cache only)
 
     @property
     def wanted(self) -> int:
@@ -159,6 +165,7 @@ class RaggedRows:
         self.batch = batch
 
     def plan(self, rows: Sequence[Row]) -> StepPlan:
+        _refuse_media(rows, "the ragged batch")
         by_key = {row.key: row for row in rows}
         plan = StepPlan()
         for key in self.batch.rows:
@@ -184,6 +191,7 @@ class BatchCacheRows:
         self.batch = batch
 
     def forward(self, rows: Sequence[Row]) -> list[Forwarded]:
+        _refuse_media(rows, "a batch cache")
         by_key = {row.key: row for row in rows}
         if set(by_key) != set(self.batch.rows) or any(len(r.tokens) != 1 for r in rows):
             raise ValueError("a batch-cache step feeds one token to every row of the batch")
@@ -218,6 +226,11 @@ class OwnCaches:
         return out
 
     def _forward(self, row: Row, cache: list[Any]) -> Forwarded:
+        if row.media is not None:
+            x = row.tokens if isinstance(row.tokens, mx.array) else mx.array(list(row.tokens), dtype=mx.int32)
+            logits = media_logits(self.model, x, row.media, cache, want=bool(row.wanted))
+            mx.async_eval([c.state for c in cache] if logits is None else (logits, [c.state for c in cache]))
+            return Forwarded(None if logits is None else logits[None])
         if row.features is not None:
             logits, part = chunk_with_features(self.model, row.tokens, cache, row.features)
             return Forwarded(logits[None], part.compact())
@@ -232,6 +245,11 @@ class OwnCaches:
 
     def rewind(self, key: Hashable, n: int) -> None:
         rewind_cache(self.caches[key], n)
+
+
+def _refuse_media(rows: Sequence[Row], where: str) -> None:
+    if any(row.media is not None for row in rows):
+        raise ValueError(f"a prompt chunk with images is fed on its own cache, not in {where}")
 
 
 def run_step(backend: Backend, rows: Sequence[Row]) -> list[RowOutcome]:

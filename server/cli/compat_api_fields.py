@@ -11,7 +11,8 @@ CHAT_FIELDS = "every /v1/chat/completions field"
 API_FIELDS: list[tuple[str, str, str, str]] = [
     ("responses", "input", "supported", "a string, or items: messages (string content, input_text / output_text / "
      "refusal parts), function_call, function_call_output, reasoning; consecutive assistant items are one turn; "
-     "input_image / input_file parts and other item types are refused with 400 (text models only)"),
+     "input_image parts (image_url: a data: URL, as on chat, with a vision tower); input_file parts and other "
+     "item types are refused with 400"),
     ("responses", "instructions", "supported", "a system message first; not carried over by previous_response_id, "
      "as the official API"),
     ("responses", "previous_response_id", "divergent", "continues the stored response's conversation (upstream "
@@ -54,8 +55,9 @@ API_FIELDS: list[tuple[str, str, str, str]] = [
     ("responses", CHAT_FIELDS, "supported", "goes through to the chat request (top_k, seed, logit_bias, "
      "timings_per_token...), as upstream"),
     ("messages", "messages", "divergent", "text, thinking, tool_use and tool_result blocks, in order (upstream puts "
-     "a message's text before its tool results); at least one message (upstream accepts none); image and "
-     "document blocks are 400 (upstream 500), redacted_thinking is left out"),
+     "a message's text before its tool results); at least one message (upstream accepts none); image blocks "
+     "(base64 or url source) become image_url parts, as upstream (images with a vision tower); document blocks "
+     "are 400 (upstream 500), redacted_thinking is left out"),
     ("messages", "system", "supported", "a string or text blocks, joined with a blank line (upstream joins them "
      "with nothing); the cch= stamp of a billing-header prompt is masked, as upstream"),
     ("messages", "max_tokens", "divergent", "required, as Anthropic's API (upstream defaults it to 4096)"),

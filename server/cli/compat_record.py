@@ -147,7 +147,9 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("backend_sampling", "divergent", "accepted: sampling runs where MLX runs the model (no separate backend); the "
      "output is the same"),
     ("echo", "supported", "OpenAI completions: the prompt's text before the completion"),
-    ("multimodal_data", "refused", "400: text models only (a prompt object with multimodal_data)"),
+    ("multimodal_data", "supported", "a prompt object's base64 images, one per media marker in its prompt_string "
+     "(/props media_marker), with a vision tower (--mmproj, a vision checkpoint); without one 400 with upstream's "
+     "message (upstream 500)"),
     ("temperature", "supported", ""),
     ("top_k", "supported", ""),
     ("top_p", "supported", "values above 1 are clamped to 1, as upstream does"),
@@ -184,7 +186,9 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("n_cmpl", "supported", "1..number of slots"),
     ("n", "aliased", "n_cmpl (OpenAI routes)"),
     ("samplers", "divergent", "stages may be left out (disabled); a different order is refused with 400"),
-    ("messages", "supported", "string content or text parts; a non-string role is 400 (upstream: 500)"),
+    ("messages", "divergent", "string content or text and image_url parts (images with a vision tower: data: URLs, "
+     "bare base64, file:// under --media-path; remote http(s) URLs are 400, upstream fetches them; bad images 400, "
+     "upstream 500); a non-string role is 400 (upstream: 500)"),
     ("chat_template_kwargs", "supported", ""),
     ("add_generation_prompt", "supported", "chat"),
     ("continue_final_message", "supported", "chat: a final assistant message is continued (also without the field, "
@@ -237,6 +241,13 @@ REQUEST_FIELDS: list[tuple[str, str, str]] = [
     ("mlxcel_draft_flags", "extension", "mlxcel: true makes each streamed chunk (native, OpenAI completion and "
      "chat) carry mlxcel_draft_flags, one boolean per token of the chunk: true for a token that was an accepted "
      "draft of a verify round, false for one the target sampled; the web page highlights with it"),
+    ("prediction", "extension", "OpenAI's Predicted Outputs ({type: content, content: a string or text parts}; "
+     "upstream has no such field): the text is a draft source for the request, alone on a server without a "
+     "drafter or asked before the server's own token-only drafter each round (a model-based drafter's server "
+     "drafts from it alone); the output is the one without it (exact rules), draft_kind prediction or "
+     "prediction+<the server's>; usage.completion_tokens_details carries accepted_prediction_tokens / "
+     "rejected_prediction_tokens (the native body the same two keys); a bad shape or one longer than a slot's "
+     "context is 400"),
     ("timings.draft_n", "divergent", "with draft_n_accepted as upstream, plus mlxcel's draft_rounds and draft_kind; "
      "present only when a drafter ran a verify round, and on chat only on the final chunk / body"),
     ("model", "ignored", "one model is served and the name is not checked (in router mode it picks the model)"),

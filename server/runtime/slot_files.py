@@ -11,6 +11,10 @@ name of fixed length beside it and renamed, so even a 255-byte name (the file sy
 
 Error bodies never show where the directory is: the client knows its file name, the server's paths
 are the operator's business (the log has the details).
+
+A slot whose cache holds images keeps them in its file as their digests, places and position shift
+(``Slot.media_key``), after the model's fingerprint: a restored slot's prefix is then reused only by a
+prompt with the same images, as the slot that saved it would have been.
 """
 
 from __future__ import annotations
@@ -22,9 +26,12 @@ import secrets
 import time
 from pathlib import Path
 
+from safetensors import safe_open
+
 from mlxcel.engine.cache.cache_file import CacheFileError, load_cache_file, save_cache_file
 from mlxcel.engine.cache.kv_cache import cache_length
 from mlxcel.engine.model.loaded_model import LoadedModel
+from mlxcel.engine.vision.prompt import NO_MEDIA, MediaKey
 from mlxcel.server.runtime.errors import ApiError, invalid
 from mlxcel.server.runtime.scheduler import Scheduler
 from mlxcel.server.runtime.slots import Slot
@@ -79,6 +86,33 @@ def _without_paths(text: str, path: Path) -> str:
     return text.replace(directory + os.sep, "").replace(directory, "")
 
 
+_MEDIA = "|images="  # between the model's fingerprint and the slot's images in a file's "model" field
+
+
+def _stored_fingerprint(lm: LoadedModel, media: MediaKey) -> str:
+    """The fingerprint a slot file is written with: the model's, and the images its cache holds."""
+    base = model_fingerprint(lm)
+    return base if media == NO_MEDIA else base + _MEDIA + json.dumps([list(map(list, media[0])), media[1]])
+
+
+def _file_media(path: Path, lm: LoadedModel) -> tuple[str, MediaKey]:
+    """The fingerprint ``path`` was written with, when it is this model's, and the images it holds
+    (the safetensors header only; the cache loader checks everything else)."""
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            stored = (f.metadata() or {}).get("model", "")
+    except Exception:
+        return model_fingerprint(lm), NO_MEDIA  # not a safetensors file: the loader says what it is
+    base, sep, images = stored.partition(_MEDIA)
+    if not sep or base != model_fingerprint(lm):
+        return model_fingerprint(lm), NO_MEDIA
+    try:
+        spans, shift = json.loads(images)
+        return stored, (tuple((int(a), int(b), str(c)) for a, b, c in spans), int(shift))
+    except (ValueError, TypeError):
+        raise CacheFileError(f"{path.name} has malformed image metadata") from None
+
+
 def _write(path: Path, cache, tokens: list[int], fingerprint: str) -> int:
     """Write the file under a fixed-length temporary name beside ``path`` (whatever the length of
     ``path``'s name, which may already be the file system's limit), then rename it into place."""
@@ -99,7 +133,8 @@ def save(scheduler: Scheduler, id_slot: int, filename: str, path: Path) -> dict:
     if slot.cache is not None and tokens and cache_length(slot.cache) != len(tokens):
         raise ApiError("Unable to save slot: its cache does not match its tokens", "server_error")
     try:
-        n_bytes = _write(path, slot.cache if tokens else None, tokens, model_fingerprint(scheduler.lm))
+        media = slot.media_key if tokens else NO_MEDIA
+        n_bytes = _write(path, slot.cache if tokens else None, tokens, _stored_fingerprint(scheduler.lm, media))
     except CacheFileError as exc:
         raise ApiError(str(exc), "not_supported_error") from None
     except (OSError, RuntimeError) as exc:  # RuntimeError: MLX's writer, whose text names the full path
@@ -120,7 +155,8 @@ def restore(scheduler: Scheduler, id_slot: int, filename: str, path: Path) -> di
     try:
         if not path.is_file():
             raise CacheFileError(f"no slot file named {filename}")
-        cache, tokens, n_bytes = load_cache_file(path, model_fingerprint(lm), lm.make_cache())
+        fingerprint, media = _file_media(path, lm)
+        cache, tokens, n_bytes = load_cache_file(path, fingerprint, lm.make_cache())
         if len(tokens) > slot.n_ctx:
             raise CacheFileError("Restored prompt does not fit in the slot context")
         if any(not 0 <= t < lm.vocab_size for t in tokens):
@@ -134,7 +170,7 @@ def restore(scheduler: Scheduler, id_slot: int, filename: str, path: Path) -> di
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else _without_paths(str(exc), path)
         raise invalid(f"Unable to restore slot: {reason}") from None
     if tokens:
-        slot.cache, slot.tokens = cache, tokens
+        slot.cache, slot.tokens, slot.media_key = cache, tokens, media
     slot.last_used = time.perf_counter()
     return {"id_slot": id_slot, "filename": filename, "n_restored": len(tokens), "n_read": n_bytes,
             "timings": {"restore_ms": (time.perf_counter() - t0) * 1e3}}

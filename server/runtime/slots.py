@@ -25,6 +25,7 @@ from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.grammar_matcher import GrammarMatcher
 from mlxcel.engine.speculative.session import SpeculativeSession
 from mlxcel.engine.speculative.target_features import TargetFeatures
+from mlxcel.engine.vision.prompt import NO_MEDIA, MediaKey, reusable_through
 from mlxcel.server.runtime.detokenizer import IncrementalDetokenizer
 from mlxcel.server.runtime.errors import ApiError
 from mlxcel.server.runtime.reasoning_budget import ReasoningBudget, forcing_params
@@ -54,6 +55,7 @@ class Slot:
     cache: list[Any] | None = None  # single-sequence cache, when not in the decode batch
     tokens: list[int] = field(default_factory=list)  # tokens whose KV the slot's cache holds
     adapter_scales: tuple[float, ...] = ()  # the LoRA scales ``tokens`` were computed at (part of the cache's key)
+    media_key: MediaKey = NO_MEDIA  # the images ``tokens`` hold and their position shift (part of the key too)
     # a model-based drafter's features of the tokens ``features_of`` (what the next request's drafter
     # needs of a reused prefix; kept only on a server with such a drafter)
     features: TargetFeatures | None = None
@@ -85,14 +87,28 @@ class Slot:
         self.cache, self.tokens, self.run = None, [], None
 
 
-def reusable_prefix(slot: Slot, prompt: list[int], adapter_scales: tuple[float, ...]) -> int:
+def media_key(media) -> MediaKey:
+    """What a cache computed from a prompt with ``media`` (``engine.vision.prompt.PromptMedia``, None for
+    a text prompt) holds of images."""
+    return media.key if media is not None else NO_MEDIA
+
+
+def reusable_prefix(slot: Slot, prompt: list[int], adapter_scales: tuple[float, ...],
+                    media: MediaKey = NO_MEDIA) -> int:
     """How many leading tokens of ``prompt`` the slot's cache holds for a request at ``adapter_scales``
-    (none when the cache was computed at other LoRA scales: its keys and values are another model's)."""
-    return common_prefix(slot.tokens, prompt) if slot.adapter_scales == adapter_scales else 0
+    with images ``media`` (none when the cache was computed at other LoRA scales: its keys and values are
+    another model's; and no further than the first image the two do not share, byte for byte and place
+    for place: the placeholder tokens are the same whatever the image, ``engine.vision.prompt``)."""
+    if slot.adapter_scales != adapter_scales:
+        return 0
+    n = common_prefix(slot.tokens, prompt)
+    if media == NO_MEDIA and slot.media_key == NO_MEDIA:
+        return n
+    return min(n, reusable_through(slot.media_key, media, n))
 
 
 def choose_slot(slots: list[Slot], task: Task, similarity: float = SLOT_PROMPT_SIMILARITY,
-                adapter_scales: tuple[float, ...] = ()) -> Slot | None:
+                adapter_scales: tuple[float, ...] = (), media: MediaKey = NO_MEDIA) -> Slot | None:
     """A free slot for ``task``: the one it asked for (``id_slot``, waiting while it is busy), else
     the free slot with the most similar cached prompt (at the request's LoRA scales), else the least
     recently used free one."""
@@ -105,8 +121,8 @@ def choose_slot(slots: list[Slot], task: Task, similarity: float = SLOT_PROMPT_S
         return None
     prompt = task.prompt_tokens
     if task.options.cache_prompt and prompt:
-        best = max(free, key=lambda s: reusable_prefix(s, prompt, adapter_scales))
-        if similarity > 0 and reusable_prefix(best, prompt, adapter_scales) / len(prompt) > similarity:
+        best = max(free, key=lambda s: reusable_prefix(s, prompt, adapter_scales, media))
+        if similarity > 0 and reusable_prefix(best, prompt, adapter_scales, media) / len(prompt) > similarity:
             return best
     return min(free, key=lambda s: s.last_used)
 
@@ -135,6 +151,7 @@ class SlotRun:
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self.prompt = task.prompt_tokens
+        self.media = task.media  # its prompt's images (engine.vision.prompt.PromptMedia), None for text
         self.cache_n = cache_n
         self.n_past = cache_n  # prompt tokens already in the cache
         self.generated: list[int] = []

@@ -14,7 +14,8 @@ what finished. Rows live in one of three places, and a step runs each place's ro
   (``run_ahead.Pipeline``);
 * **mlx-lm's batch cache** (``cache.batch.DecodeBatch``): plain decoding rows that cannot join the
   ragged batch (sliding windows, recurrent or quantized layers, other layer shapes), one token each;
-* **their own cache**: prompt chunks of rows outside the ragged batch (each forward alone), and the
+* **their own cache**: prompt chunks of rows outside the ragged batch (each forward alone; a prompt's
+  chunks up to its last image too, which bring the images' embeddings, ``engine.vision``), and the
   rows of drafters that read the target's hidden states, whose rounds verify on their own cache
   (the exactness probe gates their block width).
 
@@ -33,7 +34,7 @@ from __future__ import annotations
 import logging
 import time
 
-from mlxcel.engine.cache.batch import DecodeBatch, forward_chunk
+from mlxcel.engine.cache.batch import DecodeBatch, forward_chunk, mergeable
 from mlxcel.engine.cache.kv_cache import can_rewind
 from mlxcel.engine.cache.ragged import RaggedBatch, joinable, packable
 from mlxcel.engine.cache.recurrent import has_recurrent_state
@@ -42,6 +43,8 @@ from mlxcel.engine.model.lora_linear import active_scales, uniform_scales
 from mlxcel.engine.platform.ragged_ops import runs_fused
 from mlxcel.engine.platform.settings import settings
 from mlxcel.engine.speculative.target_features import TargetFeatures
+from mlxcel.engine.vision.prompt import ChunkMedia
+from mlxcel.server.runtime import invariance
 from mlxcel.server.runtime.draft_caps import DraftCaps
 from mlxcel.server.runtime.failures import as_api_error
 from mlxcel.server.runtime.faults import fail as inject_fault
@@ -69,25 +72,43 @@ class Stepper:
         self.unified = (packable(self.model) and (speculation is not None or runs_fused(self.model))
                         and settings().unified_step)
         self.caps = DraftCaps(speculation, lambda: lives.lockstep is not None)
+        # where a row's tokens could depend on its neighbours (runtime/invariance.py): every row forwards
+        # alone on its own cache (rows_alone), token drafters verify alone token by token (chain_verify)
+        found = invariance.check(lives.lm, n_slots=len(lives.slots), ragged=self.unified, speculation=speculation)
+        self.rows_alone = found.rows_alone
+        # None: not probed yet (a server without a drafter probes at its first prediction)
+        known = speculation is not None or runs_fused(self.model)  # the fused CPU ops are exact at any width
+        self.chain_verify: bool | None = found.chain_verify if known else None
+        if found.constant_caps:
+            self.caps.cost = None
         self.pipeline = Pipeline(self)
         self.trace = StepTrace()  # MLXCEL_TRACE_STEPS (runtime/step_trace.py); off by default
         self.last_step: dict[str, int] = {}  # the last iteration's ragged forward (metrics, /slots)
 
     # -- where rows live --------------------------------------------------------------------------------
 
-    def place(self, slot: Slot, model_drafter: bool) -> None:
+    def place(self, slot: Slot, model_drafter: bool, media=None) -> None:
         """A new run's prompt goes to the ragged batch where it can (prefilled in chunks beside the
-        other rows), else it is prefilled in its own cache."""
-        if self.unified and not model_drafter and joinable(slot.cache):
+        other rows), else it is prefilled in its own cache, as a prompt with images (``media``) is up
+        to its last image: only a row's own forward takes its embeddings."""
+        if media is not None and slot.run is not None and slot.run.n_past < media.plain_from:
+            return
+        if self.unified and not model_drafter and not self.rows_alone and joinable(slot.cache):
             self.ragged.add(slot.id, slot.cache)
             slot.cache = None
 
-    def join_plain(self, row: int, cache) -> None:
-        """A plain decoding row joins the ragged batch where it can, else the batch cache."""
-        if self.unified and joinable(cache):
-            self.ragged.add(row, cache)
+    def join_plain(self, slot: Slot, cache) -> None:
+        """A plain decoding row joins the ragged batch where it can, else the batch cache; a cache
+        that cannot batch (a quantized KV cache), or any row while rows must run alone
+        (``rows_alone``), stays the slot's own and decodes in its own forward."""
+        if self.rows_alone or not (joinable(cache) or mergeable(cache)):
+            slot.cache = cache
+        elif self.unified and joinable(cache):
+            self.ragged.add(slot.id, cache)
+            slot.cache = None
         else:
-            self.batch.add(row, cache)
+            self.batch.add(slot.id, cache)
+            slot.cache = None
 
     def leave(self, slot: Slot) -> None:
         """An ended run's row leaves its batch; its cache goes back to the slot (prompt reuse)."""
@@ -120,11 +141,11 @@ class Stepper:
 
     def step(self) -> None:
         """One iteration's forwards: prompts in their own caches, the batch cache, the ragged batch,
-        then the rounds of rows that verify on their own cache."""
+        then the rows that decode or verify on their own cache."""
         self._own_prompts()
         self._batch_step()
         self._ragged_step()
-        self._own_rounds()
+        self._own_rows()
 
     def _run(self, backend, rows: list[Row], runs: list[SlotRun], what: str) -> list[RowOutcome] | None:
         """``run_step``, with the faults a test injects; a failed forward fails every row it touched
@@ -191,20 +212,20 @@ class Stepper:
             run = slot.run
             if run is None or not run.prefilling or budget <= 0 or slot.id in self.ragged:
                 continue
-            chunk = run.prompt[run.n_past:run.n_past + min(self.lives.n_ubatch, budget)]
-            if not self.lives.room(len(chunk)):
-                break
             try:
                 if run.fault == "prefill":
                     inject_fault("prefill")
+                chunk, media = self._prompt_chunk(run, min(self.lives.n_ubatch, budget))
             except Exception as exc:
                 log.exception("prefill failed in slot %d", slot.id)
                 self.lives.fail(slot, exc)
                 continue
+            if not self.lives.room(len(chunk)):
+                break
             last = run.n_past + len(chunk) >= len(run.prompt)
             layers = self.lives.speculation.feature_layers if run.features is not None else None
             rows.append(Row(slot.id, chunk, sampling=run.sampling() if last else None, features=layers, logits=1,
-                            adapters=run.adapter_scales))
+                            adapters=run.adapter_scales, media=media))
             runs.append(run)
             budget -= len(chunk)
         if not rows:
@@ -217,6 +238,20 @@ class Stepper:
             except Exception as exc:
                 log.exception("prefill failed in slot %d", row.key)
                 self.lives.fail(run.slot, exc)
+
+    @staticmethod
+    def _prompt_chunk(run: SlotRun, size: int) -> tuple[list[int], ChunkMedia | None]:
+        """The run's next prompt chunk of about ``size`` tokens. Up to a prompt's last image a chunk
+        never cuts an image (it is fed whole) and carries its images' embeddings (encoded now, so a
+        tower that fails fails this run alone) and its tokens' positions (``engine.vision``)."""
+        start, media = run.n_past, run.media
+        if media is None or start >= media.plain_from:
+            return run.prompt[start:start + size], None
+        end = media.chunk_end(start, start + size)
+        chunk_media = media.chunk(start, end)
+        for _, image in chunk_media.spans:
+            media.tower.encode(image)
+        return run.prompt[start:end], chunk_media
 
     def _prompt_done(self, run: SlotRun, chunk: list[int], out: RowOutcome) -> None:
         if out.error is not None and out.token is None and run.n_past + len(chunk) < len(run.prompt):
@@ -236,9 +271,11 @@ class Stepper:
             # a speculating row keeps its own cache unless its session can share the ragged forward
             features = TargetFeatures.join(run.features) if run.features is not None else None
             run.features = [features] if features is not None else None
-            run.start_speculating(self.lives.speculation.start(run.opts, run.prompt + run.generated, run.seed,
-                                                               features, grammar=run.grammar, slot=slot.id))
-            if run.spec.batchable and joinable(slot.cache):
+            run.start_speculating(self.lives.sessions.start(run.opts, run.prompt + run.generated, run.seed,
+                                                            features, grammar=run.grammar, slot=slot.id))
+            if run.spec.batchable and self.blocks_inexact():
+                run.spec.block_exact = False  # verified alone, token by token (runtime/invariance.py)
+            elif run.spec.batchable and not self.rows_alone and joinable(slot.cache):
                 self.ragged.add(slot.id, slot.cache)
                 slot.cache = None
         else:
@@ -246,8 +283,7 @@ class Stepper:
                 self.lives.metrics.record_declined(DECLINED_CACHE)
                 log.warning("slot %d: its cache cannot drop rejected drafts now (a wrapped sliding window or a "
                             "chunk boundary); this request is decoded plainly", slot.id)
-            self.join_plain(slot.id, slot.cache)
-            slot.cache = None
+            self.join_plain(slot, slot.cache)
 
     # -- the batch cache ----------------------------------------------------------------------------------
 
@@ -273,29 +309,42 @@ class Stepper:
 
     # -- rows that verify on their own cache ------------------------------------------------------------
 
-    def _own_rounds(self) -> None:
-        """One verify round for each speculating row outside the ragged batch, on its own cache."""
+    def _own_rows(self) -> None:
+        """The decoding rows outside the batches, each on its own cache: a verify round for each
+        speculating row (a drafter that reads the target's hidden states, or rows that must verify
+        alone), a token for each plain row (a cache that cannot batch, or rows that must run alone);
+        every forward alone, the plain rows' draws together."""
+        rows, runs = [], []
         for slot in self.lives.slots:
             run = slot.run
-            if slot.id in self.ragged or run is None or run.spec is None or run.prefilling or run.done:
+            if slot.cache is None or run is None or run.prefilling or run.done:
                 continue
-            if not self.lives.room(1):
-                return
             if run.context_full():
                 self.shift(slot)  # decodes plainly from now on
                 continue
-            verify = Verify(run.spec, run.round_chain(), run.prompt + run.generated, room=run.round_room())
-            row = Row(slot.id, [], verify=verify, adapters=run.adapter_scales)
-            (out,) = run_step(OwnCaches(self.model, {slot.id: slot.cache}), [row])
+            if run.spec is not None:
+                verify = Verify(run.spec, run.round_chain(), run.prompt + run.generated, room=run.round_room())
+                rows.append(Row(slot.id, [], verify=verify, adapters=run.adapter_scales))
+            else:
+                rows.append(Row(slot.id, [run.generated[-1]], sampling=run.sampling(), adapters=run.adapter_scales))
+            runs.append(run)
+        if not rows or not self.lives.room(len(rows)):
+            return
+        caches = {row.key: self.lives.slots[row.key].cache for row in rows}
+        outcomes = self._run(OwnCaches(self.model, caches), rows, runs, "own-cache")
+        now = time.perf_counter()
+        for row, run, out in zip(rows, runs, outcomes or ()):
+            if row.verify is None:
+                self._take(run, out, now)
+                continue
             try:
                 if out.error is not None:
                     raise out.error
                 self.emit(run, out.round)
             except Exception as exc:
-                log.exception("verify round failed in slot %d", slot.id)
+                log.exception("verify round failed in slot %d", row.key)
                 run.fail(as_api_error(exc))
-            if run.done:
-                self.lives.release(slot, send=not run.task_failed)
+        self._release_done(runs)
 
     # -- context shift ------------------------------------------------------------------------------------
 
@@ -319,8 +368,8 @@ class Stepper:
             with active_scales(uniform_scales(run.adapter_scales)):
                 for start in range(0, len(body), self.lives.n_ubatch):
                     forward_chunk(self.model, body[start:start + self.lives.n_ubatch], cache)
-            slot.cache, slot.tokens = None, []
-            self.join_plain(slot.id, cache)
+            slot.tokens = []
+            self.join_plain(slot, cache)
         except Exception as exc:
             log.exception("context shift failed in slot %d", slot.id)
             self.lives.fail(slot, exc)
@@ -483,10 +532,20 @@ class Stepper:
     def _start_speculating(self, run: SlotRun) -> None:
         """A row whose prompt was prefilled in the ragged batch starts its speculative session; one
         whose drafter cannot share the forward leaves the batch for its own verify rounds."""
-        run.start_speculating(self.lives.speculation.start(run.opts, run.prompt + run.generated, run.seed, None,
-                                                           grammar=run.grammar, slot=run.slot.id))
-        if not run.spec.batchable:
+        run.start_speculating(self.lives.sessions.start(run.opts, run.prompt + run.generated, run.seed, None,
+                                                        grammar=run.grammar, slot=run.slot.id))
+        chain = run.spec.batchable and self.blocks_inexact()
+        if chain:
+            run.spec.block_exact = False  # verified alone, token by token (runtime/invariance.py)
+        if not run.spec.batchable or chain:
             run.slot.cache = self.ragged.remove([run.slot.id])[run.slot.id]
+
+    def blocks_inexact(self) -> bool:
+        """Whether token drafters' verify blocks must be scored token by token, alone (probed at start-up
+        on a speculative server, at the first prediction on another)."""
+        if self.chain_verify is None:
+            self.chain_verify = not invariance.blocks_exact(self.lives.lm, invariance.PREDICTION_BLOCK)
+        return self.chain_verify
 
     def record_trace(self, t0: float, kind: str, rows: list[Row], preps: dict, prefilling: int, accepted: int,
                      t_forward: float | None) -> None:

@@ -12,12 +12,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxcel.engine.sampling.grammar import Grammar
 from mlxcel.engine.sampling.params import SamplerParams
 from mlxcel.server.runtime.reasoning_budget import BudgetSpec
 from mlxcel.server.runtime.timings import Timings
+
+if TYPE_CHECKING:
+    from mlxcel.drafters.prediction import PredictionCounts
 
 _task_ids = itertools.count()
 
@@ -55,6 +58,7 @@ class GenerationOptions:
     reasoning_budget: BudgetSpec | None = None  # thinking tokens before the end tag is forced
     reasoning_format: str = "none"  # echoed in generation_settings
     lora: dict[int, float] | None = None  # the request's LoRA scales by adapter id (None: the server's global ones)
+    prediction: list[int] | None = None  # the predicted output's tokens (OpenAI's prediction): a draft source
     # echoed in generation_settings, not otherwise used
     echo: dict[str, Any] = field(default_factory=dict)
 
@@ -101,6 +105,7 @@ class Result:
     timings: Timings
     truncated: bool
     probs: list[TokenProb]
+    prediction: PredictionCounts | None = None  # with a prediction: its accepted / rejected token counts
 
 
 @dataclass
@@ -137,6 +142,7 @@ class Task:
     t_arrival: float = field(default_factory=time.perf_counter)
     cancelled: threading.Event = field(default_factory=threading.Event)
     deadline: float | None = None  # perf_counter time past which the engine ends the task (--timeout)
+    media: Any = None  # the prompt's images (engine.vision.prompt.PromptMedia), None for a text prompt
 
     def cancel(self) -> None:
         self.cancelled.set()

@@ -27,6 +27,7 @@ _FILES = Path(tempfile.mkdtemp(prefix="mlxcel-flags-"))
 VALUES = {"reasoning": "on", "chat_template_kwargs": "{}", "reasoning_format": "deepseek", "grammar": 'root ::= "x"',
           "json_schema": '{"type": "object"}', "grammar_file": str(_FILES / "g.gbnf"),
           "json_schema_file": str(_FILES / "s.json"), "pooling": "mean", "slot_save_path": ".", "static_path": ".",
+          "media_path": ".",
           "hf_repo": "acme/x:Q8_0", "draft_hf": "acme/x", "lora_adapters": "a.gguf:0.5"}
 
 
@@ -348,3 +349,10 @@ def test_flag_states_agree_with_the_code():
                 key = name.lstrip("-").replace("-", "_")
                 if name.startswith("--") and len(key) > 3:
                     assert not re.search(rf"config\.{key}\b", read), f"{name} is {flag.state} but config.{key} is read"
+
+
+def test_media_path_must_be_a_directory(tmp_path):
+    """As upstream: --media-path names a directory, checked at startup."""
+    assert parse_args(["--media-path", str(tmp_path)]).media_path == str(tmp_path)
+    with pytest.raises(ArgumentError, match="--media-path: not a directory"):
+        parse_args(["--media-path", str(tmp_path / "absent")])

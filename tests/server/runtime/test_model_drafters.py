@@ -180,3 +180,24 @@ def test_startup_names_the_drafter_and_its_block(servers):
     assert "Drafter loaded: dspark" in log and "block 4" in log
     log = servers["muse"].log_path.read_text(errors="replace")
     assert "Drafter loaded: muse-glimmer" in log and "block 7" in log
+
+
+@pytest.mark.parametrize("kind", ["dflash", "dspark", "muse"])
+def test_a_prediction_drafts_alone_on_a_model_drafters_server(servers, models, kind):
+    """A model drafter reads the target's features every round, so a request's predicted output drafts
+    alone there (``draft_kind: "prediction"``), on the ragged batch or, past the Muse target's sliding
+    window, on the row's own cache; the tokens are greedy target decoding's. A sampling request with a
+    prediction is not declined by the greedy-only DSpark: the prediction serves it under sampler-match."""
+    lm = target_of(kind, models)
+    prompt = list(lm.tokenizer.encode(TEXTS[0]))
+    want = greedy(lm, prompt)
+    prediction = {"prediction": {"type": "content", "content": lm.tokenizer.decode(want)}}
+    body = post_ok(servers[kind], "/completion", native(prompt, **prediction))
+    assert body["tokens"] == want
+    assert body["timings"]["draft_kind"] == "prediction" and body["timings"]["draft_n_accepted"] > 0
+    assert body["accepted_prediction_tokens"] > 0
+    if kind == "dspark":
+        sampled = dict(temperature=0.8, seed=3)
+        plain = post_ok(servers[kind], "/completion", native(prompt, **sampled, **{"speculative.n_max": 0}))
+        drafted = post_ok(servers[kind], "/completion", native(prompt, **sampled, **prediction))
+        assert drafted["tokens"] == plain["tokens"] and drafted["timings"]["draft_kind"] == "prediction"
