@@ -129,7 +129,6 @@ say "mlxcel-server --help: $(grep -c -- '^ *-' "$work/logs/help.log") option lin
 
 step imports "$venv/bin/python" - "$work/src" <<'EOF'
 import importlib
-import pkgutil
 import sys
 from pathlib import Path
 
@@ -142,15 +141,30 @@ src = Path(sys.argv[1])  # the copy of the checkout that was built
 checkout = {"mlxcel." + ".".join(p.relative_to(src).with_suffix("").parts).removesuffix(".__init__")
             for top in ("engine", "drafters", "server") for p in (src / top).rglob("*.py")
             if "__pycache__" not in p.parts}
-installed = {"mlxcel." + top for top in ("engine", "drafters", "server")}
-for top in ("engine", "drafters", "server"):
-    installed |= {m.name for m in pkgutil.walk_packages([str(root / top)], f"mlxcel.{top}.")}
+# Listed from the install's files, not by walking imports: a package that needs an optional extra
+# would otherwise vanish from the walk and read as missing.
+installed = {"mlxcel." + ".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__")
+             for top in ("engine", "drafters", "server") for p in (root / top).rglob("*.py")
+             if "__pycache__" not in p.parts}
 missing = sorted(checkout - installed)
 if missing:
     sys.exit(f"modules of the checkout missing from the install: {missing}")
+# The base install imports everything but what an extra brings (pyproject's optional-dependencies:
+# vision needs Pillow and mlx-vlm); a module may fail only for want of one of those.
+EXTRA_ONLY = {"PIL": "vision", "mlx_vlm": "vision"}
+needs_extra: dict[str, set[str]] = {}
 for name in sorted(installed):
-    if not name.endswith("__main__"):  # a __main__ module runs its program when imported
+    if name.endswith("__main__"):  # a __main__ module runs its program when imported
+        continue
+    try:
         importlib.import_module(name)
+    except ModuleNotFoundError as err:
+        top = (err.name or "").split(".")[0]
+        if top not in EXTRA_ONLY:
+            raise
+        needs_extra.setdefault(EXTRA_ONLY[top], set()).add(name)
+if needs_extra:
+    print("; ".join(f"{len(mods)} modules need the [{extra}] extra" for extra, mods in needs_extra.items()))
 from mlxcel.engine.platform import qmatmul  # noqa: E402
 
 print(f"imported {len(installed)} modules from {root}; CPU kernels: "
