@@ -9,9 +9,11 @@ names, resolved to what this process runs.
   type. Layers with a sliding window keep full precision (mlx-lm has no quantized rotating cache).
   mlxcel's CPU kernels attend over float32 keys and values only: there a quantized type is refused.
 * ``f32``, ``f16``, ``bf16``: full precision, which here means the model's compute dtype (float32 on
-  the CPU kernels, float16 on the MLX-native profile); a type that names another dtype than that is
-  refused, except ``f16`` and ``bf16`` on the CPU kernels, which keep float32 (upstream's default is
-  ``f16``, so a command line naming it explicitly still runs, more exactly).
+  the CPU kernels, float16 on the MLX-native profile unless ``MLXCEL_DTYPE`` says otherwise). A type
+  the compute dtype holds at least as exactly runs (``f16`` or ``bf16`` where the model computes in
+  float32: the cache keeps float32, and the start-up log says so); one it cannot hold is refused
+  (``f32`` on a float16 model, ``bf16`` on a float16 one). Not given (None), the cache holds the
+  compute dtype: upstream's default ``f16`` never refuses a start.
 * ``iq4_nl`` (a non-linear 4-bit code MLX has no layout for): refused.
 
 A quantized cache cannot join the ragged batch nor mlx-lm's batch cache: its rows forward alone, each
@@ -27,6 +29,7 @@ from mlxcel.engine.errors import MlxcelError
 
 QUANTIZED_BITS = {"q8_0": 8, "q5_0": 5, "q5_1": 5, "q4_0": 4, "q4_1": 4}
 FULL = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+FULL_NAME = {dtype: name for name, dtype in FULL.items()}
 GROUP = 32  # llama.cpp's block for these types, and an MLX group size
 UPSTREAM_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -43,11 +46,12 @@ class KvQuant:
     group: int = GROUP
 
 
-def resolve(k: str, v: str, *, compute_dtype: str, mlx_native: bool, head_dim: int | None = None) -> KvQuant | None:
+def resolve(k: str | None, v: str | None, *, compute_dtype: str, mlx_native: bool,
+            head_dim: int | None = None) -> KvQuant | None:
     """The cache ``-ctk k -ctv v`` ask for here: a :class:`KvQuant`, or None for full precision (the
     compute dtype, ``compute_dtype`` being its name: ``float32``...); :class:`KvTypeError` when it
     cannot be held (module docstring; ``head_dim``: the model's, which groups of 32 must divide)."""
-    k, v = k.lower(), v.lower()
+    k, v = (name.lower() if name else FULL_NAME[compute_dtype] for name in (k, v))
     for flag, name in (("-ctk", k), ("-ctv", v)):
         if name not in UPSTREAM_TYPES:
             raise KvTypeError(f"{flag} {name}: unsupported cache type (one of {', '.join(UPSTREAM_TYPES)})")
@@ -66,14 +70,16 @@ def resolve(k: str, v: str, *, compute_dtype: str, mlx_native: bool, head_dim: i
         return KvQuant(QUANTIZED_BITS[k])
     for flag, name in (("-ctk", k), ("-ctv", v)):
         wanted = FULL[name]
-        if wanted != compute_dtype and not (compute_dtype == "float32" and not mlx_native):
+        if wanted != compute_dtype and compute_dtype != "float32":
             raise KvTypeError(f"{flag} {name}: the KV cache holds the model's compute dtype, {compute_dtype}, here "
                               f"(MLXCEL_DTYPE={wanted} computes in {wanted}, or use a quantized type)")
     return None
 
 
-def describe(quant: KvQuant | None, compute_dtype: str) -> str:
+def describe(quant: KvQuant | None, compute_dtype: str, asked: tuple[str | None, str | None] = (None, None)) -> str:
     if quant is None:
-        return f"KV cache: {compute_dtype}"
+        wider = sorted({a.lower() for a in asked if a and FULL.get(a.lower()) != compute_dtype})
+        kept = f" (asked {', '.join(wider)}: held as {compute_dtype}, at least as exact)" if wider else ""
+        return f"KV cache: {compute_dtype}{kept}"
     return (f"KV cache: {quant.bits}-bit affine, groups of {quant.group} (mlx-lm's quantized cache); rows forward "
             "alone on their own caches")

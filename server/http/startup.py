@@ -54,7 +54,7 @@ def set_kv_types(loaded: LoadedModel, config) -> None:
     head_dim = c.get("head_dim") or (c["hidden_size"] // heads if heads and c.get("hidden_size") else None)
     loaded.kv_quant = kv_types.resolve(config.cache_type_k, config.cache_type_v, compute_dtype=dtype,
                                        mlx_native=device.mlx_native(), head_dim=head_dim)
-    log.info("%s", kv_types.describe(loaded.kv_quant, dtype))
+    log.info("%s", kv_types.describe(loaded.kv_quant, dtype, (config.cache_type_k, config.cache_type_v)))
 
 
 def load_into(state: ServerState, loader: Callable[[], LoadedModel] | None = None) -> None:

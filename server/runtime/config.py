@@ -33,8 +33,8 @@ class ServerConfig:
     context_shift: bool = False
     batch_size: int = 2048
     ubatch_size: int = 512
-    cache_type_k: str = "f16"  # -ctk (engine/model/kv_types.py)
-    cache_type_v: str = "f16"  # -ctv
+    cache_type_k: str | None = None  # -ctk (engine/model/kv_types.py); None: the compute dtype
+    cache_type_v: str | None = None  # -ctv
     hf_repo: str | None = None
     hf_file: str | None = None
     mmproj: str | None = None  # -mm: the multimodal projector GGUF (images)

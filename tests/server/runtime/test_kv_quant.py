@@ -15,7 +15,7 @@ from concurrent_requests import concurrently
 from mlx_lm.models.cache import QuantizedKVCache
 from server_process import ServerProcess, post_ok, running
 
-from mlxcel.engine.model.kv_types import KvQuant, KvTypeError, resolve
+from mlxcel.engine.model.kv_types import KvQuant, KvTypeError, describe, resolve
 
 PROMPTS = ["a b c a b c a b c a b", "the cat sat. the cat sat. the", "1 2 3 1 2 3 1 2", "x y x y x y x y x"]
 
@@ -38,6 +38,20 @@ def test_cache_types_resolve(k, v, native, expected):
 def test_cache_types_refused_with_their_reason(k, v, native, reason):
     with pytest.raises(KvTypeError, match=reason):
         resolve(k, v, compute_dtype="float16" if native else "float32", mlx_native=native, head_dim=64)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("native", [True, False])
+def test_not_given_the_cache_holds_the_compute_dtype(dtype, native):
+    # upstream's default is f16; a start without -ctk/-ctv must run whatever the compute dtype (a
+    # float32 MLX-native model refused to start when the default was f16)
+    assert resolve(None, None, compute_dtype=dtype, mlx_native=native, head_dim=64) is None
+
+
+@pytest.mark.parametrize("k", ["f16", "bf16", "f32"])
+def test_a_float32_model_holds_every_full_type_on_both_profiles(k):
+    assert resolve(k, k, compute_dtype="float32", mlx_native=True, head_dim=64) is None
+    assert "asked" in describe(None, "float32", (k, k)) or k == "f32"
 
 
 def test_heads_groups_do_not_divide_are_refused():
