@@ -68,8 +68,9 @@ def export_default_model(out: Path) -> Path:
     from mlxcel.engine.model.loading import load_model
     from mlxcel.engine.platform import settings
 
-    # float weights to export, neither the CPU kernels' packed blocks nor their float32 tiles
-    with settings.switched(weights="float32", float_kernel=False):
+    # float32 weights to export, neither the CPU kernels' packed blocks nor their float32 tiles, nor
+    # the MLX-native profile's float16 (when the run sets MLXCEL_KERNELS=mlx)
+    with settings.switched(weights="float32", float_kernel=False, dtype="float32"):
         loaded = load_model(None)
     save_model(out, loaded.model)
     config = dict(loaded.config)
