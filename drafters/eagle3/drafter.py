@@ -43,16 +43,16 @@ from mlxcel.drafters.draws import DraftDraws, draw_draft
 from mlxcel.drafters.eagle3.checkpoint import Eagle3Checkpoint, load_directory
 from mlxcel.drafters.eagle3.gguf_checkpoint import load_gguf
 from mlxcel.drafters.eagle3.target_binding import TargetBinding, bind_checkpoint
-from mlxcel.engine.cache.kv_cache import rewind
+from mlxcel.drafters.trailing_cache import TrailingCacheDrafter
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.engine.speculative.drafter import ModelDrafter
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures
 
 
-class Eagle3Drafter(ModelDrafter):
+class Eagle3Drafter(TrailingCacheDrafter):
     kind = "eagle3"
+    label = "EAGLE-3"
     argmax_verify = False  # sampler-match by default; q reported, so the stochastic opt-in is rejection sampling
 
     def __init__(self, checkpoint: Eagle3Checkpoint, *, target_vocab_size: int | None = None, eos_token_ids=(),
@@ -65,10 +65,7 @@ class Eagle3Drafter(ModelDrafter):
         self.prefill_step = max(1, int(prefill_step))
         self.binding: TargetBinding | None = None
         self.feature_layers: tuple[int, ...] = ()
-        self.cache: list[Any] = []
-        self.owed: list[mx.array] = []  # fused rows [n, H] not yet fed, in position order
-        self.provisional = 0  # chained entries of the last proposal, dropped in observe
-        self.last_row: mx.array | None = None  # the fused row of the newest fed entry
+        self._reset_cache([])  # owed rows: the fused rows of the target's three layers
         self.chain: SamplerChain | None = None
         self.seed = 0
 
@@ -91,51 +88,23 @@ class Eagle3Drafter(ModelDrafter):
         self.binding = bind_checkpoint(self.checkpoint, target_model, self.target_vocab_size)
         self.feature_layers = self.binding.feature_layers
 
-    @property
-    def entries(self) -> int:
-        """Entries the layer's cache holds (its provisional ones excluded)."""
-        return (self.cache[0].offset if self.cache else 0) - self.provisional
-
-    @property
-    def context_length(self) -> int:
-        """Target positions the drafter has the features of (fed or owed)."""
-        return self.entries + sum(int(r.shape[0]) for r in self.owed)
-
     def start(self, sequence: Sequence[int], params: SamplerParams, seed: int) -> None:
         if self.binding is None:
             raise RuntimeError("bind the EAGLE-3 drafter to its target before starting it")
-        self.cache = self.network.make_cache()
-        self.owed, self.provisional, self.last_row = [], 0, None
+        self._reset_cache(self.network.make_cache())
         self.chain = SamplerChain(params, vocab_size=self.binding.vocab_size, eos_token_ids=self.eos_token_ids,
                                   tokenizer=self.tokenizer)
         self.seed = seed
 
     def observe_target(self, features: TargetFeatures) -> None:
         if features.length:
-            self.owed.append(self.network.fuse(features.concat(self.feature_layers)))
-
-    def observe(self, sequence: Sequence[int], proposal: Proposal, accepted: int) -> None:
-        # chained entries were conditioned on the drafter's own states, not the target's
-        rewind(self.cache, self.provisional)
-        self.provisional = 0
+            self._owe(self.network.fuse(features.concat(self.feature_layers)))
 
     # -- drafting ---------------------------------------------------------------------------
 
     def _feed_owed(self, sequence: Sequence[int]) -> mx.array:
         """Feed every owed entry; the newest entry's output state ``[1, H]``."""
-        if self.provisional:  # a proposal nobody verified: drop its chained entries
-            rewind(self.cache, self.provisional)
-            self.provisional = 0
-        if self.context_length != len(sequence) - 1:
-            raise RuntimeError(f"EAGLE-3 drafter out of step: it holds {self.context_length} target positions, the "
-                               f"target cache holds {len(sequence) - 1}")
-        if not self.owed:  # the same sequence proposed again: run its newest entry once more
-            rewind(self.cache, 1)
-            self.owed = [self.last_row]
-        e = self.entries
-        rows = mx.concatenate(self.owed, axis=0) if len(self.owed) > 1 else self.owed[0]
-        self.owed, self.last_row = [], rows[-1:]
-        tokens = [int(t) for t in sequence[e + 1:]]
+        tokens, rows = self._take_owed(sequence)
         step = self.prefill_step
         for i in range(0, len(tokens), step):
             out = self.network.step(self.binding.embed(tokens[i:i + step]), rows[i:i + step], self.cache)

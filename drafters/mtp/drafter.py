@@ -36,10 +36,9 @@ import mlx.core as mx
 from mlxcel.drafters.draws import DraftDraws, draw_draft
 from mlxcel.drafters.mtp.checkpoint import MtpCheckpoint, load_mtp, reload_mtp
 from mlxcel.drafters.mtp.head import MtpHead
-from mlxcel.engine.cache.kv_cache import rewind
+from mlxcel.drafters.trailing_cache import TrailingCacheDrafter
 from mlxcel.engine.sampling.chain import SamplerChain
 from mlxcel.engine.sampling.params import SamplerParams
-from mlxcel.engine.speculative.drafter import ModelDrafter
 from mlxcel.engine.speculative.proposal import Proposal
 from mlxcel.engine.speculative.target_features import TargetFeatures
 
@@ -48,8 +47,9 @@ from mlxcel.engine.speculative.target_features import TargetFeatures
 MTP_BLOCK = 3
 
 
-class MtpDrafter(ModelDrafter):
+class MtpDrafter(TrailingCacheDrafter):
     kind = "mtp"
+    label = "MTP"
     feature_layers: tuple[int, ...] = ()  # reads only the final normalised hidden state
     declared_block = MTP_BLOCK
 
@@ -58,10 +58,7 @@ class MtpDrafter(ModelDrafter):
         self.prefill_step = max(1, int(prefill_step))
         self.head: MtpHead | None = None
         self._bound_to: Any = None
-        self.cache: list[Any] = []
-        self.owed: list[mx.array] = []  # hidden rows [n, H] not yet fed, in position order
-        self.provisional = 0  # chained entries of the last proposal, dropped in observe
-        self.last_row: mx.array | None = None  # the hidden row of the newest fed entry
+        self._reset_cache([])  # owed rows: the target's final normalised hidden rows
         self.params: SamplerParams | None = None
         self.chain: SamplerChain | None = None
         self.seed = 0
@@ -84,56 +81,24 @@ class MtpDrafter(ModelDrafter):
         # The head holds its own (cast) copies now; the file's tensors would only double the memory.
         self.checkpoint = replace(self.checkpoint, modules=[])
 
-    @property
-    def entries(self) -> int:
-        """Entries the head's cache holds (its provisional ones excluded)."""
-        return (self.cache[0].offset if self.cache else 0) - self.provisional
-
-    @property
-    def context_length(self) -> int:
-        """Target positions the drafter has the hidden state of (fed or owed)."""
-        return self.entries + sum(int(r.shape[0]) for r in self.owed)
-
     def start(self, sequence: Sequence[int], params: SamplerParams, seed: int) -> None:
         if self.head is None:
             raise RuntimeError("bind the MTP drafter to its target before starting it")
-        self.cache = self.head.make_cache()
-        self.owed = []
-        self.provisional = 0
-        self.last_row = None
+        self._reset_cache(self.head.make_cache())
         self.params = params
         self.chain = None
         self.seed = seed
 
     def observe_target(self, features: TargetFeatures) -> None:
         if features.length:
-            self.owed.append(features.normed)
-
-    def observe(self, sequence: Sequence[int], proposal: Proposal, accepted: int) -> None:
-        # Chained entries were conditioned on the head's own hidden states, not the target's.
-        rewind(self.cache, self.provisional)
-        self.provisional = 0
+            self._owe(features.normed)
 
     # -- drafting ----------------------------------------------------------------------------
 
     def propose(self, sequence: Sequence[int], k: int) -> Proposal:
         if k <= 0:
             return Proposal([])
-        length = len(sequence)
-        if self.provisional:  # a proposal nobody verified (retracted): drop its chained entries
-            rewind(self.cache, self.provisional)
-            self.provisional = 0
-        if self.context_length != length - 1:
-            raise RuntimeError(f"MTP drafter out of step: it holds {self.context_length} target positions, the "
-                               f"target cache holds {length - 1}")
-        if not self.owed:  # the same sequence proposed again: run its last entry once more
-            rewind(self.cache, 1)
-            self.owed = [self.last_row]
-        e = self.entries
-        hidden = mx.concatenate(self.owed, axis=0) if len(self.owed) > 1 else self.owed[0]
-        self.owed = []
-        self.last_row = hidden[-1:]
-        tokens = [int(t) for t in sequence[e + 1:length]]
+        tokens, hidden = self._take_owed(sequence)
         for i in range(0, len(tokens), self.prefill_step):  # a long prompt is fed in chunks
             logits, chained = self.head.step(tokens[i:i + self.prefill_step], hidden[i:i + self.prefill_step],
                                              self.cache)
